@@ -1,0 +1,3 @@
+from reasoner.cli import app
+
+app(prog_name="reasoner")

@@ -1,0 +1,119 @@
+"""The `reasoner` command line: each command loads its config + overrides and calls stage.run(cfg)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from reasoner import __version__
+from reasoner.config import ConfigError, SynthConfig, TinyConfig, load
+
+console = Console(stderr=True)
+
+app = typer.Typer(
+    name="reasoner",
+    help="Train LLMs to reason about math with offline RL: "
+    "sft -> infer -> verify -> train-offline -> eval.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(help="Make and inspect datasets.", no_args_is_help=True)
+model_app = typer.Typer(help="Build models.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(model_app, name="model")
+
+ConfigArg = Annotated[Path, typer.Argument(help="stage config (YAML)", show_default=False)]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="overrides key.sub=value (values parsed as YAML)", show_default=False),
+]
+
+# Which config model each command reads (tests load every shipped YAML through this).
+CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig}
+
+# Errors a user can fix from the message alone: printed without a traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ValueError, FileNotFoundError,
+                                            FileExistsError)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"reasoner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """reasoner: offline-RL pipeline for math reasoning LLMs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars and summaries speak instead
+
+
+def run_stage(name: str, fn: Callable[[], Any]) -> Any:
+    """Run one stage, turning user-fixable errors into a one-paragraph message and exit code 2."""
+    started = time.perf_counter()
+    try:
+        result = fn()
+    except USER_ERRORS as exc:
+        console.print(f"[bold red]reasoner {name}: error[/]")
+        console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print(f"[yellow]reasoner {name}: interrupted; rerun the same command to resume[/]")
+        raise typer.Exit(130) from None
+    console.print(f"[green]reasoner {name}: done in {time.perf_counter() - started:.1f}s[/]")
+    return result
+
+
+def summary(title: str, rows: list[tuple[str, Any]]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+@data_app.command("synth")
+def data_synth(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Write synthetic arithmetic word problems (train/test) and an SFT shard."""
+    from reasoner import shards
+    from reasoner.data import synthetic
+
+    def go() -> dict[str, Path]:
+        return synthetic.run(load(SynthConfig, config, overrides))
+
+    folders = run_stage("data synth", go)
+    rows = []
+    for name, folder in folders.items():
+        counts = (shards.read_manifest(folder) or {}).get("counts", {})
+        rows.append((name, f"{folder}  {', '.join(f'{k}={v}' for k, v in counts.items())}"))
+    summary("data synth", rows)
+
+
+@model_app.command("tiny")
+def model_tiny(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Build a tiny Qwen2 model + BPE tokenizer from scratch as an HF folder."""
+    from reasoner import models
+
+    out = run_stage("model tiny", lambda: models.build_tiny(load(TinyConfig, config, overrides)))
+    info = models.describe(out)
+    summary("model tiny", [
+        ("folder", out),
+        ("architecture", f"{info['architecture']}, {info['layers']} layers, hidden "
+                         f"{info['hidden_size']}, vocab {info['vocab_size']}"),
+        ("parameters", f"{info['parameters']:,}"),
+    ])
+
+
+if __name__ == "__main__":
+    app()

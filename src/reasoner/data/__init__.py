@@ -1,0 +1,1 @@
+"""Data: prompt/response templates, packing, synthetic tasks, sources."""

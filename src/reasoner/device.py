@@ -1,0 +1,116 @@
+"""Accelerator choice, distributed init and memory stats.
+
+The only module that touches `torch.cuda` or `torch_npu`; everything else asks it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=1)
+def npu_available() -> bool:
+    """True when torch_npu is installed and sees an Ascend NPU (imported only here)."""
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError:
+        return False
+    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def pick_device(preference: str = "auto", local_rank: int | None = None) -> torch.device:
+    """`auto` -> cuda, then npu, then cpu; an explicit choice that is absent is an error."""
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if preference == "auto":
+        preference = "cuda" if cuda_available() else "npu" if npu_available() else "cpu"
+    if preference == "cuda":
+        if not cuda_available():
+            raise RuntimeError("device=cuda was asked for but torch sees no CUDA GPU")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if preference == "npu":
+        if not npu_available():
+            raise RuntimeError(
+                "device=npu was asked for but torch_npu is missing or sees no NPU; "
+                "install the extra: pip install 'reasoner[npu]'"
+            )
+        torch.npu.set_device(local_rank)
+        return torch.device("npu", local_rank)
+    if preference == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"unknown device {preference!r}; use auto, cpu, cuda or npu")
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` -> bf16 on accelerators, fp32 on CPU (bf16 is emulated and slow on most CPUs)."""
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> DistInfo:
+    """Join the process group torchrun set up (nccl / hccl / gloo); a no-op for one process."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return DistInfo()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = {"cuda": "nccl", "npu": "hccl"}.get(device.type, "gloo")
+        dist.init_process_group(backend=backend)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """bf16/fp16 autocast on accelerators; disabled on CPU and for fp32."""
+    enabled = device.type != "cpu" and dtype in (torch.bfloat16, torch.float16)
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":
+        torch.npu.synchronize(device)
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """Peak allocated memory in GiB on accelerators; process max RSS on CPU."""
+    if device.type == "cuda":
+        return {"peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    if device.type == "npu":
+        return {"peak_mem_gib": torch.npu.max_memory_allocated(device) / 2**30}
+    import resource
+
+    return {"max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def flash_attention_available(device: torch.device) -> bool:
+    """flash-attention varlen kernels are usable (CUDA with the flash_attn package)."""
+    if device.type != "cuda":
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,46 @@
+"""The real CLI, in a subprocess, as a user runs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def reasoner(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reasoner", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def test_version_and_help_list_commands():
+    out = reasoner("--version")
+    assert out.returncode == 0 and out.stdout.strip() == "reasoner 0.1.0"
+    help_text = reasoner("--help").stdout
+    assert "data" in help_text and "model" in help_text
+    assert "synth" in reasoner("data", "--help").stdout
+
+
+def test_data_synth_and_model_tiny_from_shipped_configs(tmp_path):
+    out = reasoner("data", "synth", str(REPO / "configs/quickstart/data_synth.yaml"),
+                   f"output_dir={tmp_path}/data", "num_train=50", "num_test=10")
+    assert out.returncode == 0, out.stderr
+    assert "examples=50" in out.stderr
+    for name, count in (("train_problems", 50), ("test_problems", 10), ("sft", 50)):
+        manifest = json.loads((tmp_path / "data" / name / "manifest.json").read_text())
+        assert manifest["complete"] and manifest["config"]["num_train"] == 50
+        assert len((tmp_path / "data" / name / "part-00000.jsonl").read_text().splitlines()) == count
+    out = reasoner("model", "tiny", str(REPO / "configs/quickstart/tiny_model.yaml"),
+                   f"output_dir={tmp_path}/model", f"corpus=[{tmp_path}/data/sft]",
+                   "model.num_hidden_layers=1")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "model" / "model.safetensors").exists()
+    assert "Qwen2ForCausalLM, 1 layers" in out.stderr
+
+
+def test_bad_config_stops_before_work_with_exit_2(tmp_path):
+    out = reasoner("data", "synth", str(REPO / "configs/quickstart/data_synth.yaml"),
+                   f"output_dir={tmp_path}/data", "num_trian=5")
+    assert out.returncode == 2
+    assert "did you mean 'num_train'" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "data").exists()
