@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reasoner import __version__
-from reasoner.config import ConfigError, SynthConfig, TinyConfig, load
+from reasoner.config import ConfigError, SFTConfig, SynthConfig, TinyConfig, load
 
 console = Console(stderr=True)
 
@@ -36,11 +36,12 @@ OverridesArg = Annotated[
 ]
 
 # Which config model each command reads (tests load every shipped YAML through this).
-CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig}
+CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
+                                  "sft": SFTConfig}
 
 # Errors a user can fix from the message alone: printed without a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ValueError, FileNotFoundError,
-                                            FileExistsError)
+                                            FileExistsError, ImportError, RuntimeError)
 
 
 def _version(value: bool) -> None:
@@ -113,6 +114,25 @@ def model_tiny(config: ConfigArg, overrides: OverridesArg = None) -> None:
                          f"{info['hidden_size']}, vocab {info['vocab_size']}"),
         ("parameters", f"{info['parameters']:,}"),
     ])
+
+
+@app.command("sft")
+def sft(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Supervised fine-tuning with sequence packing; loss on response tokens only."""
+    from reasoner import sft as stage
+    from reasoner import shards
+
+    cfg = run_stage("sft", lambda: load(SFTConfig, config, overrides))
+    final = run_stage("sft", lambda: stage.run(cfg))
+    counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
+    if _is_main():
+        summary("sft", [(k.replace("_", " "), v) for k, v in counts.items()] or [("model", final)])
+
+
+def _is_main() -> bool:
+    import os
+
+    return int(os.environ.get("RANK", 0)) == 0
 
 
 if __name__ == "__main__":

@@ -84,6 +84,55 @@ class ModelConfig(Strict):
     )
 
 
+class DataConfig(Strict):
+    """Where rows come from: a shard folder, a .jsonl / .json / .parquet file, or an HF dataset id."""
+
+    path: str = Field(..., description="shard folder, data file, or HF dataset id")
+    split: str = Field("train", description="split to read when `path` is an HF dataset id")
+    subset: str | None = Field(None, description="HF dataset configuration name, if any")
+    fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="our field name -> the data's field name, e.g. {problem: question}",
+    )
+    limit: int | None = Field(None, ge=1, description="read at most this many rows (smoke tests)")
+
+
+class OptimConfig(Strict):
+    """AdamW with linear warmup and cosine decay to `min_lr`."""
+
+    lr: float = Field(1e-5, gt=0, description="peak learning rate")
+    min_lr: float = Field(0.0, ge=0, description="learning rate at the end of the cosine")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="share of steps in linear warmup")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    grad_clip: float | None = Field(1.0, description="clip the global grad norm; null = no clip")
+
+
+class RunConfig(Strict):
+    """Steps, precision, checkpoints and logging shared by every trainer."""
+
+    micro_batch: int = Field(1, ge=1, description="rows per forward/backward on one process")
+    global_batch: int = Field(
+        8, ge=1, description="rows per optimiser step = micro_batch x accumulation x world size"
+    )
+    epochs: float = Field(1.0, gt=0, description="passes over the data (fractions allowed)")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many steps")
+    seed: int = Field(0, description="seed for shuffling and initialisation")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
+    logprob_chunk: int = Field(4096, ge=1, description="tokens per lm-head chunk (memory bound)")
+    save_every: int | None = Field(None, ge=1, description="checkpoint every N steps (and at the end)")
+    keep_last: int = Field(2, ge=1, description="checkpoints to keep")
+    resume: Literal["auto", "never"] = Field(
+        "auto", description="auto: continue from the newest complete checkpoint in output_dir"
+    )
+    log_every: int = Field(1, ge=1, description="write metrics every N steps")
+    tracking: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="extra metric sinks (install reasoner[tracking])"
+    )
+    progress: bool = Field(True, description="show a progress bar")
+
+
 # --------------------------------------------------------------------------------------------
 # Stage configs
 
@@ -108,6 +157,23 @@ class SynthConfig(Strict):
     )
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags and wording")
     overwrite: bool = Field(False, description="replace an existing output folder")
+
+
+class SFTConfig(Strict):
+    """`reasoner sft`: supervised fine-tuning on prompt/response pairs, loss on responses only."""
+
+    model: ModelConfig = Field(..., description="base model to fine-tune")
+    data: DataConfig = Field(..., description="SFT examples (prompt/response or messages)")
+    output_dir: Path = Field(..., description="checkpoints, metrics and the final model go here")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
+    max_tokens: int = Field(4096, ge=2, description="drop (and count) longer examples")
+    packing: bool = Field(True, description="pack samples into seq_len rows; false = padded rows")
+    seq_len: int = Field(4096, ge=2, description="tokens per packed row (packing capacity)")
+    cache_dir: Path | None = Field(
+        None, description="token cache folder; default output_dir/token_cache"
+    )
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
+    run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
 
 
 class TinyConfig(Strict):

@@ -85,7 +85,11 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, template: TemplateCon
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits are split one by one (as Qwen2 does) so that arithmetic is learnable digit-wise.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     specials = [PAD, IM_START, IM_END]
     tags = [template.think_open, template.think_close, template.answer_open, template.answer_close]

@@ -200,7 +200,8 @@ def write_rows(folder: Path, rows: Iterable[Row | dict], part: int = 0) -> int:
 # Reading
 
 
-def _pydantic_message(exc: ValidationError) -> str:
+def describe_validation(exc: ValidationError) -> str:
+    """A pydantic error as the short phrase a user reads after `path:line:`."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
@@ -213,9 +214,8 @@ def _pydantic_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def iter_file(path: Path, row_type: type[Row] | None = None, allow_torn: bool = False
-              ) -> Iterator[dict]:
-    """Rows of one JSONL file as dicts, validated against `row_type` when given."""
+def raw_rows(path: Path, allow_torn: bool = False) -> Iterator[tuple[int, dict]]:
+    """(line number, JSON object) of each non-empty line; a torn last line is skipped if allowed."""
     path = Path(path)
     with open(path, "rb") as fh:
         lines = fh.read().split(b"\n")
@@ -223,30 +223,39 @@ def iter_file(path: Path, row_type: type[Row] | None = None, allow_torn: bool = 
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        torn = lineno - 1 == last  # the final piece had no newline after it
         try:
             row = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if torn and allow_torn:
+            if lineno - 1 == last and allow_torn:  # the final piece had no newline after it
                 return
             raise ShardError(f"{path}:{lineno}: not a JSON object ({exc})") from None
         if not isinstance(row, dict):
             raise ShardError(f"{path}:{lineno}: not a JSON object")
-        version = row.get("schema_version", SCHEMA_VERSION if row_type is None else None)
-        if version is None and row_type is not None:
-            row["schema_version"] = version = SCHEMA_VERSION
-        if version != SCHEMA_VERSION:
-            raise ShardError(
-                f"{path}:{lineno}: schema_version {version!r} is not supported by reasoner "
-                f"{__version__} (it reads version {SCHEMA_VERSION}); regenerate the shard with "
-                "this version or install the reasoner that wrote it"
-            )
-        if row_type is not None:
-            try:
-                row = row_type.model_validate(row).model_dump(mode="json")
-            except ValidationError as exc:
-                raise ShardError(f"{path}:{lineno}: {_pydantic_message(exc)}") from None
-        yield row
+        yield lineno, row
+
+
+def validate_row(row: dict, row_type: type[Row] | None, where: str) -> dict:
+    """Check the schema version and (when given) the row type; errors start with `where`."""
+    version = row.setdefault("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ShardError(
+            f"{where}: schema_version {version!r} is not supported by reasoner "
+            f"{__version__} (it reads version {SCHEMA_VERSION}); regenerate the shard with "
+            "this version or install the reasoner that wrote it"
+        )
+    if row_type is None:
+        return row
+    try:
+        return row_type.model_validate(row).model_dump(mode="json", exclude_none=True)
+    except ValidationError as exc:
+        raise ShardError(f"{where}: {describe_validation(exc)}") from None
+
+
+def iter_file(path: Path, row_type: type[Row] | None = None, allow_torn: bool = False
+              ) -> Iterator[dict]:
+    """Rows of one JSONL file as dicts, validated against `row_type` when given."""
+    for lineno, row in raw_rows(path, allow_torn):
+        yield validate_row(row, row_type, f"{path}:{lineno}")
 
 
 def iter_rows(folder: Path, row_type: type[Row] | None = None) -> Iterator[dict]:

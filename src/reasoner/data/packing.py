@@ -1,0 +1,125 @@
+"""Sequence packing: best-fit-decreasing bins, and the tensors that keep packed samples apart.
+
+A packed row holds several samples back to back. Each keeps its own positions (position ids
+restart at 0) and attends only to itself: on GPU with flash-attention the restarting position
+ids are enough (transformers derives varlen `cu_seqlens` from them); everywhere else an
+explicit block-diagonal causal mask goes to sdpa, since position ids alone do not isolate
+samples there.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+IGNORE = -100  # label of tokens outside the loss
+
+
+def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit-decreasing bins of sample indices; no bin over `capacity` (DESIGN 5b).
+
+    Longest sample first, each into the fullest bin it still fits. O(n log n) with a sorted
+    list of free space. A sample longer than `capacity` is an error (drop it before packing).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # sorted (free space, bin index)
+    for i in order:
+        n = lengths[i]
+        if n > capacity:
+            raise ValueError(f"sample {i} has {n} tokens, more than the bin capacity {capacity}")
+        pos = bisect.bisect_left(free, (n, -1))
+        if pos < len(free):
+            space, b = free.pop(pos)
+        else:
+            space, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        bisect.insort(free, (space - n, b))
+    return bins
+
+
+def efficiency(lengths: Sequence[int], bins: list[list[int]], capacity: int) -> float:
+    """Real tokens / token slots."""
+    return sum(lengths) / (len(bins) * capacity) if bins else 0.0
+
+
+@dataclass
+class Batch:
+    """One micro-batch in model-ready tensors (all (B, T) unless said)."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor  # next-token targets already shifted; IGNORE outside the loss
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None  # (B, 1, T, T) bool block-diagonal causal, or (B, T) padding
+    sample_index: torch.Tensor  # (B, T) which sample of the micro-batch each token is, -1 = none
+    num_samples: int
+    real_tokens: int
+
+    def to(self, device: torch.device) -> Batch:
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.input_ids), move(self.labels), move(self.position_ids),
+                     move(self.attention_mask), move(self.sample_index), self.num_samples,
+                     self.real_tokens)
+
+
+def _shifted_labels(ids: list[int], loss_mask: list[bool]) -> list[int]:
+    """labels[t] = ids[t+1] where token t+1 is in the loss, else IGNORE; the last is IGNORE."""
+    return [ids[t + 1] if loss_mask[t + 1] else IGNORE for t in range(len(ids) - 1)] + [IGNORE]
+
+
+def collate_packed(rows: list[list[tuple[list[int], list[bool]]]], seq_len: int, pad_id: int,
+                   block_mask: bool = True) -> Batch:
+    """Rows of samples (token ids, loss mask) into packed tensors of width `seq_len`.
+
+    `block_mask=False` leaves the mask out (flash-attention varlen reads the position ids).
+    """
+    B = len(rows)
+    input_ids = torch.full((B, seq_len), pad_id, dtype=torch.long)
+    labels = torch.full((B, seq_len), IGNORE, dtype=torch.long)
+    position_ids = torch.zeros((B, seq_len), dtype=torch.long)
+    segment = torch.full((B, seq_len), -1, dtype=torch.long)
+    k = 0
+    for r, samples in enumerate(rows):
+        start = 0
+        for ids, loss_mask in samples:
+            n = len(ids)
+            end = start + n
+            input_ids[r, start:end] = torch.tensor(ids)
+            labels[r, start:end] = torch.tensor(_shifted_labels(ids, loss_mask))
+            position_ids[r, start:end] = torch.arange(n)
+            segment[r, start:end] = k
+            start, k = end, k + 1
+        # Padding continues the positions so that flash-attention sees it as one more sequence.
+        position_ids[r, start:] = torch.arange(seq_len - start)
+    mask = None
+    if block_mask:
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()  # (T, T)
+        same = segment[:, :, None] == segment[:, None, :]  # (B, T, T)
+        pad = segment[:, :, None] < 0
+        # Padding attends to itself (a row of all False would give NaN in sdpa).
+        mask = ((same & (segment[:, :, None] >= 0)) | (pad & torch.eye(seq_len, dtype=torch.bool))
+                ) & causal
+        mask = mask[:, None]  # (B, 1, T, T)
+    real = int((segment >= 0).sum())
+    return Batch(input_ids, labels, position_ids, mask, segment, k, real)
+
+
+def collate_padded(samples: list[tuple[list[int], list[bool]]], pad_id: int) -> Batch:
+    """One sample per row, right-padded to the longest in the micro-batch."""
+    B, T = len(samples), max(len(ids) for ids, _ in samples)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    labels = torch.full((B, T), IGNORE, dtype=torch.long)
+    attention = torch.zeros((B, T), dtype=torch.long)
+    segment = torch.full((B, T), -1, dtype=torch.long)
+    for r, (ids, loss_mask) in enumerate(samples):
+        n = len(ids)
+        input_ids[r, :n] = torch.tensor(ids)
+        labels[r, :n] = torch.tensor(_shifted_labels(ids, loss_mask))
+        attention[r, :n] = 1
+        segment[r, :n] = r
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return Batch(input_ids, labels, position_ids, attention, segment, B, int(attention.sum()))

@@ -1,0 +1,255 @@
+"""`reasoner sft`: supervised fine-tuning with sequence packing (PCL-Reasoner-V1.5, stage 1).
+
+Loss: next-token NLL on response tokens only, summed and divided by the number of response
+tokens in the whole global batch. Each micro-batch contributes its share of that sum, so the
+gradient of a step does not depend on how the global batch is cut into micro-batches, packed
+rows or processes. Packed rows keep samples apart (see data/packing.py).
+
+Examples are rendered by the template module and tokenized once; the token ids are cached
+under a key of (data content, tokenizer, template, code version), so epochs, reruns and
+resumes never tokenize again. Examples longer than `max_tokens` are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reasoner import __version__, shards, training
+from reasoner import device as dev
+from reasoner.config import SFTConfig, dump
+from reasoner.data import packing, sources
+from reasoner.data.template import render_sft
+from reasoner.logprobs import PolicyLogprobs
+from reasoner.records import SFTExample
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (non-finite loss, no usable data); the message says what to do."""
+
+
+@dataclass
+class Tokenized:
+    ids: list[list[int]]  # prompt + response token ids per example
+    prompt_lens: list[int]
+    dropped: int  # examples over max_tokens
+    cache_hit: bool
+
+    def loss_mask(self, i: int) -> list[bool]:
+        p = self.prompt_lens[i]
+        return [False] * p + [True] * (len(self.ids[i]) - p)
+
+    def targets(self, i: int) -> int:
+        """Tokens with a loss: response tokens that have a token before them."""
+        return len(self.ids[i]) - max(self.prompt_lens[i], 1)
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    h = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode())
+    h.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    h.update(str(tokenizer.eos_token).encode())
+    return h.hexdigest()[:16]
+
+
+def tokenize(cfg: SFTConfig, tokenizer: Any) -> Tokenized:
+    """Render + tokenize every example once; later calls read the cache."""
+    key = hashlib.sha256("|".join([
+        sources.fingerprint(cfg.data), _tokenizer_fingerprint(tokenizer),
+        json.dumps(cfg.template.model_dump(), sort_keys=True), __version__,
+    ]).encode()).hexdigest()[:20]
+    cache = Path(cfg.cache_dir or Path(cfg.output_dir) / "token_cache") / f"sft-{key}.pt"
+    if cache.exists():
+        blob = torch.load(cache, weights_only=True)
+        ids, prompt_lens, hit = blob["ids"], blob["prompt_lens"], True
+    else:
+        rows = sources.read_rows(cfg.data, SFTExample)
+        if not rows:
+            raise TrainingError(f"{cfg.data.path}: the SFT data holds no examples")
+        pairs = [render_sft(r, cfg.template, tokenizer) for r in rows]
+        p_ids = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+        r_ids = tokenizer([r for _, r in pairs], add_special_tokens=False)["input_ids"]
+        ids = [p + r for p, r in zip(p_ids, r_ids, strict=True)]
+        prompt_lens = [len(p) for p in p_ids]
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        torch.save({"ids": ids, "prompt_lens": prompt_lens}, tmp)
+        tmp.rename(cache)
+        hit = False
+    keep = [i for i, x in enumerate(ids) if len(x) <= cfg.max_tokens and len(x) > prompt_lens[i]]
+    if not keep:
+        longest = min(len(x) for x in ids)
+        raise TrainingError(
+            f"all {len(ids)} examples are longer than max_tokens={cfg.max_tokens} (the shortest "
+            f"has {longest} tokens) or have an empty response; raise max_tokens"
+        )
+    return Tokenized([ids[i] for i in keep], [prompt_lens[i] for i in keep], len(ids) - len(keep),
+                     hit)
+
+
+def plan_rows(data: Tokenized, cfg: SFTConfig) -> list[list[int]]:
+    """Training rows: packed bins of examples, or one example per row (padded mode)."""
+    if cfg.packing:
+        return packing.pack([len(x) for x in data.ids], cfg.seq_len)
+    # Padded mode: rows sorted by length so that micro-batches cut from the (shuffled) global
+    # batch are length-grouped inside `collate` below.
+    return [[i] for i in range(len(data.ids))]
+
+
+def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
+            varlen: bool) -> packing.Batch:
+    if cfg.packing:
+        samples = [[(data.ids[i], data.loss_mask(i)) for i in row] for row in rows]
+        width = max(sum(len(data.ids[i]) for i in row) for row in rows) if varlen else cfg.seq_len
+        batch = packing.collate_packed(samples, width, pad_id, block_mask=not varlen)
+        if varlen:  # one flat row: flash-attention finds the samples from the position ids
+            flat = lambda t: t.reshape(1, -1)  # noqa: E731
+            batch = packing.Batch(flat(batch.input_ids), flat(batch.labels),
+                                  flat(batch.position_ids), None, flat(batch.sample_index),
+                                  batch.num_samples, batch.real_tokens)
+        return batch
+    return packing.collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad_id)
+
+
+def micro_batches(rows: list[int], cfg: SFTConfig, dist: dev.DistInfo,
+                  lengths: list[int]) -> list[list[int]]:
+    """This process's micro-batches of a global batch; the same count on every process."""
+    mine = rows[dist.rank::dist.world_size]
+    if not cfg.packing:  # length-grouped: little padding inside each micro-batch
+        mine = sorted(mine, key=lambda r: lengths[r])
+    mb = cfg.run.micro_batch
+    count = math.ceil(math.ceil(len(rows) / dist.world_size) / mb)
+    cut = [mine[i * mb:(i + 1) * mb] for i in range(count)]
+    return cut  # an empty list = a zero-weight dummy pass (keeps collectives in step)
+
+
+def step_loss(policy: torch.nn.Module, batch: packing.Batch, denom: float, scale: float,
+              device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    """Backward of one micro-batch's share of the global-batch NLL; returns (loss, nll sum)."""
+    batch = batch.to(device)
+    with dev.autocast(device, dtype):
+        logp = policy(batch.input_ids, batch.position_ids, batch.attention_mask, batch.labels)  # (N,)
+    nll = -logp.sum()
+    loss = nll / denom * scale
+    loss.backward()
+    return loss, float(nll.detach())
+
+
+def run(cfg: SFTConfig) -> Path:
+    """Train; return the folder of the final HF model (`output_dir/final`)."""
+    from reasoner import models
+
+    out = Path(cfg.output_dir)
+    config = dump(cfg)
+    manifest = shards.read_manifest(out)
+    if manifest and manifest.get("complete") and manifest.get("config") == config:
+        return out / "final"
+    device = dev.pick_device(cfg.model.device)
+    dist = dev.init_distributed(device)
+    dtype = dev.pick_dtype(cfg.model.dtype, device)
+    torch.manual_seed(cfg.run.seed)
+    tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    data = tokenize(cfg, tokenizer)
+    rows = plan_rows(data, cfg)
+    lengths = [sum(len(data.ids[i]) for i in row) for row in rows]
+    total = training.total_steps(len(rows), cfg.run)
+    ckpt = training.latest_checkpoint(out) if cfg.run.resume == "auto" else None
+
+    model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt or cfg.model.name_or_path),
+                                             "dtype": "float32"})
+    if model_cfg.attn_implementation is None:
+        model_cfg.attn_implementation = "flash_attention_2" if dev.flash_attention_available(
+            device) and cfg.packing else "sdpa"
+    varlen = model_cfg.attn_implementation == "flash_attention_2"
+    model, _ = models.load_model(model_cfg, device)  # fp32 master weights; autocast does bf16
+    if cfg.run.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    policy = training.shard_model(PolicyLogprobs(model, cfg.run.logprob_chunk), dist)
+    optimizer = training.build_optimizer(policy, cfg.optim)
+    scheduler = training.build_scheduler(optimizer, total, cfg.optim)
+    start = 0
+    metrics = training.MetricsLog(out / "metrics.jsonl", cfg.run.tracking, config, dist.is_main)
+    if ckpt is not None:
+        start = training.load_checkpoint_state(ckpt, policy, optimizer, scheduler)["step"]
+        metrics.truncate_after(start)
+    if dist.is_main:
+        shards.update_manifest(out, stage="sft", config=config, complete=False,
+                               inputs={"model": cfg.model.name_or_path, "data": cfg.data.path})
+
+    timer = training.Timer()
+    seen_tokens = 0
+    last = {}
+    with training.progress_bar(cfg.run.progress and dist.is_main) as bar:
+        task = bar.add_task("sft", total=total, completed=start, info="")
+        for step in range(start, total):
+            step_rows = training.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed, step)
+            denom = sum(data.targets(i) for r in step_rows for i in rows[r])
+            mbs = micro_batches(step_rows, cfg, dist, lengths)
+            nll = real = slots = 0.0
+            for j, mb in enumerate(mbs):
+                training.set_grad_sync(policy, j == len(mbs) - 1)
+                weight = 1.0 if mb else 0.0
+                batch = collate(data, [rows[r] for r in (mb or step_rows[:1])], cfg,
+                                tokenizer.pad_token_id, varlen)
+                _, part = step_loss(policy, batch, denom, weight * dist.world_size, device, dtype)
+                nll += part * weight
+                real += batch.real_tokens * weight
+                slots += batch.input_ids.numel() * weight
+            nll, real, slots = training.all_reduce_sum([nll, real, slots], dist)
+            loss = nll / denom
+            if not math.isfinite(loss):
+                optimizer.zero_grad(set_to_none=True)
+                good = training.latest_checkpoint(out)
+                raise TrainingError(
+                    f"non-finite loss ({loss}) at step {step + 1}; no update was applied. "
+                    f"Last good checkpoint: {good or 'none (nothing saved yet)'}. Lower optim.lr "
+                    "or check the data, then rerun to resume from it."
+                )
+            grad_norm = training.clip_grad_norm(policy, cfg.optim.grad_clip)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            seen_tokens += int(real)
+            tps = seen_tokens / max(timer.elapsed(), 1e-9)
+            last = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps,
+                    "packing_efficiency": real / slots, "epoch": (step + 1) / math.ceil(
+                        len(rows) / cfg.run.global_batch), "response_tokens": denom}
+            if (step + 1) % cfg.run.log_every == 0 or step + 1 == total:
+                metrics.log(step + 1, last)
+            bar.update(task, advance=1, info=f"loss {loss:.4f}  {tps:,.0f} tok/s")
+            if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0 and step + 1 < total:
+                training.save_checkpoint(out, step + 1, policy, model, tokenizer, optimizer,
+                                         scheduler, {"data_position": step + 1},
+                                         cfg.run.keep_last, dist)
+    final_ckpt = training.save_checkpoint(out, total, policy, model, tokenizer, optimizer,
+                                          scheduler, {"data_position": total}, cfg.run.keep_last,
+                                          dist)
+    metrics.close()
+    if dist.is_main:
+        final = out / "final"
+        tmp = out / ".final.tmp"
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(final_ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*"))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        summary = {
+            "steps": total, "resumed_from": start, "examples": len(data.ids),
+            "dropped_over_max_tokens": data.dropped, "rows": len(rows),
+            "packing_efficiency": packing.efficiency(
+                [len(x) for x in data.ids], rows, cfg.seq_len) if cfg.packing else None,
+            "tokens_this_run": seen_tokens, "seconds": round(timer.elapsed(), 2),
+            "final_loss": last.get("loss"), "token_cache_hit": data.cache_hit,
+            "final_model": str(final),
+        }
+        shards.update_manifest(out, counts=summary, complete=True)
+    training.barrier(dist)
+    return out / "final"

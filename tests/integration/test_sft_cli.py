@@ -1,0 +1,119 @@
+"""`reasoner sft` end to end in subprocesses: resume after SIGKILL, torchrun, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def args(synth_dir, model_dir, out, *extra):
+    return ["sft", str(REPO / "configs/quickstart/sft.yaml"), f"model.name_or_path={model_dir}",
+            f"data.path={synth_dir}/sft", f"output_dir={out}", "data.limit=64", "seq_len=600",
+            "run.global_batch=2", "run.epochs=1", "run.max_steps=8", "run.progress=false",
+            "optim.lr=1e-3", *extra]
+
+
+def reasoner(*a, **kw):
+    return subprocess.run([sys.executable, "-m", "reasoner", *a], capture_output=True, text=True,
+                          timeout=600, env=ENV, **kw)
+
+
+def weights(folder: Path) -> dict:
+    return load_file(folder / "model.safetensors")
+
+
+def same(a: dict, b: dict, atol: float) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=atol, rtol=0) for k in a)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model_dir):
+    ref = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "reasoner", *args(synth_dir, tiny_model_dir, out,
+                                                    "run.save_every=2", "run.keep_last=5")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.time() + 300
+    while not (out / "checkpoint-4").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before checkpoint-4"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "final").exists()
+    again = reasoner(*args(synth_dir, tiny_model_dir, out, "run.save_every=2", "run.keep_last=5"))
+    assert again.returncode == 0, again.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["counts"]["resumed_from"] >= 4
+    assert same(weights(out / "final"), weights(tmp_path / "ref" / "final"), atol=1e-6)
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))  # metrics logged once per step, resume included
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path, synth_dir, tiny_model_dir):
+    one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", "run.max_steps=4"))
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29613",
+         "-m", "reasoner", *args(synth_dir, tiny_model_dir, tmp_path / "two", "run.max_steps=4")],
+        capture_output=True, text=True, timeout=600, env=ENV)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert same(weights(tmp_path / "one" / "final"), weights(tmp_path / "two" / "final"), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_saved_folder_loads_with_auto_classes(tmp_path, synth_dir, tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    done = reasoner(*args(synth_dir, tiny_model_dir, out, "run.max_steps=2"))
+    assert done.returncode == 0, done.stderr
+    assert "final model" in done.stderr and "steps" in done.stderr
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    tok = AutoTokenizer.from_pretrained(out / "final")
+    assert tok.chat_template == AutoTokenizer.from_pretrained(tiny_model_dir).chat_template
+    gen = json.loads((out / "final" / "generation_config.json").read_text())
+    assert tok.eos_token_id in gen["eos_token_id"]
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+    rerun = reasoner(*args(synth_dir, tiny_model_dir, out, "run.max_steps=2"))
+    assert rerun.returncode == 0  # finished with the same config: nothing to do
+
+
+def test_bad_inputs_give_clear_errors(tmp_path, synth_dir, tiny_model_dir):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    r = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "a", f"data.path={empty}"))
+    assert r.returncode == 2 and "holds no examples" in r.stderr
+    r = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "b", "max_tokens=5"))
+    assert r.returncode == 2 and "longer than max_tokens=5" in r.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "only"}\n')
+    r = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "c", f"data.path={bad}"))
+    assert r.returncode == 2 and f"{bad}:2: needs 'prompt' and 'response', or 'messages'" in r.stderr
+    for name in ("a", "b", "c"):
+        assert not (tmp_path / name / "final").exists()
+
+
+def test_non_finite_loss_stops_and_names_the_step(tmp_path, synth_dir, tiny_model_dir):
+    out = tmp_path / "nan"
+    r = reasoner(*args(synth_dir, tiny_model_dir, out, "optim.lr=1e30", "optim.grad_clip=null",
+                       "optim.warmup_ratio=0", "run.save_every=1", "run.keep_last=10"))
+    assert r.returncode == 2, r.stderr
+    assert "non-finite loss" in r.stderr and "no update was applied" in r.stderr
+    step = int(r.stderr.split("at step ")[1].split(";")[0])
+    assert step >= 2
+    assert f"checkpoint-{step - 1}" in r.stderr
+    assert not (out / "final").exists()
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
