@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reasoner import __version__
-from reasoner.config import ConfigError, SFTConfig, SynthConfig, TinyConfig, load
+from reasoner.config import ConfigError, InferConfig, SFTConfig, SynthConfig, TinyConfig, load
 
 console = Console(stderr=True)
 
@@ -37,7 +37,7 @@ OverridesArg = Annotated[
 
 # Which config model each command reads (tests load every shipped YAML through this).
 CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
-                                  "sft": SFTConfig}
+                                  "sft": SFTConfig, "infer": InferConfig}
 
 # Errors a user can fix from the message alone: printed without a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ValueError, FileNotFoundError,
@@ -75,6 +75,16 @@ def run_stage(name: str, fn: Callable[[], Any]) -> Any:
         raise typer.Exit(130) from None
     console.print(f"[green]reasoner {name}: done in {time.perf_counter() - started:.1f}s[/]")
     return result
+
+
+def load_config(name: str, model_cls: type, config: Path, overrides: list[str] | None) -> Any:
+    """Load and validate a stage config; a bad one ends the command with exit code 2."""
+    try:
+        return load(model_cls, config, overrides)
+    except ConfigError as exc:
+        console.print(f"[bold red]reasoner {name}: error[/]")
+        console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def summary(title: str, rows: list[tuple[str, Any]]) -> None:
@@ -122,11 +132,36 @@ def sft(config: ConfigArg, overrides: OverridesArg = None) -> None:
     from reasoner import sft as stage
     from reasoner import shards
 
-    cfg = run_stage("sft", lambda: load(SFTConfig, config, overrides))
+    cfg = load_config("sft", SFTConfig, config, overrides)
     final = run_stage("sft", lambda: stage.run(cfg))
     counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
     if _is_main():
         summary("sft", [(k.replace("_", " "), v) for k, v in counts.items()] or [("model", final)])
+
+
+@app.command("infer")
+def infer(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    shard: Annotated[int, typer.Option("--shard", help="this worker's shard index")] = 0,
+    num_shards: Annotated[int, typer.Option("--num-shards", help="workers in all")] = 1,
+) -> None:
+    """Sample n candidate answers per problem (vLLM or transformers); resumable, shardable."""
+    from reasoner import infer as stage
+    from reasoner import shards
+
+    cfg = load_config("infer", InferConfig, config, overrides)
+    out = run_stage("infer", lambda: stage.run(cfg, shard, num_shards))
+    manifest = shards.read_manifest(out) or {}
+    counts = manifest.get("counts", {})
+    rows = [("folder", out), ("complete", manifest.get("complete", False))]
+    rows += [(k.replace("_", " "), f"{v:.3f}" if isinstance(v, float) else v)
+             for k, v in counts.items()]
+    last = manifest.get("last_run", {})
+    if last.get("seconds"):
+        rows.append(("throughput", f"{last['generated'] / last['seconds']:.1f} samples/s, "
+                                   f"{last['tokens'] / last['seconds']:,.0f} tokens/s"))
+    summary("infer", rows)
 
 
 def _is_main() -> bool:

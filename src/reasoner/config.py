@@ -145,10 +145,11 @@ class SynthConfig(Strict):
     num_train: int = Field(2000, ge=1, description="problems in the train split")
     num_test: int = Field(200, ge=1, description="problems in the test split (never in train)")
     levels: list[int] = Field(
-        [1, 2, 3], description="difficulty levels to mix; level L has L+1 operations"
+        [0, 1, 2, 3], description="difficulty levels to mix; level L has L+1 operations"
     )
-    max_start: int = Field(20, ge=2, description="largest starting quantity")
-    max_operand: int = Field(9, ge=2, description="largest number in an operation")
+    max_start: int = Field(12, ge=2, description="largest starting quantity")
+    max_operand: int = Field(6, ge=2, description="largest number in an operation")
+    max_value: int = Field(40, ge=4, description="largest quantity at any step")
     flawed_fraction: float = Field(
         0.0,
         ge=0.0,
@@ -174,6 +175,49 @@ class SFTConfig(Strict):
     )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
     run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
+
+
+class SamplingConfig(Strict):
+    """How candidates are sampled (the recipe: 8 samples, T 0.6, top-k 40, top-p 0.95)."""
+
+    n: int = Field(8, ge=1, description="samples per problem")
+    temperature: float = Field(0.6, ge=0, description="softmax temperature; 0 = greedy")
+    top_k: int = Field(40, ge=0, description="keep the k most likely tokens; 0 = off")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus: smallest set with this mass")
+    max_tokens: int = Field(1024, ge=1, description="most tokens generated per sample")
+    stop: list[str] = Field(default_factory=list, description="extra stop strings (eos always stops)")
+    logprobs: bool = Field(
+        False, description="store sampled token ids and their behaviour log-probs (needed by dapo)"
+    )
+    seed: int = Field(0, description="run seed; each sample's seed derives from (seed, id, sample_idx)")
+
+
+class VLLMConfig(Strict):
+    """vLLM engine settings (GPU; Ascend through the vllm-ascend plugin)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory vLLM may use")
+    max_num_seqs: int | None = Field(None, ge=1, description="concurrent sequences (vLLM default if null)")
+    enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
+
+
+class InferConfig(Strict):
+    """`reasoner infer`: n candidate answers per problem, written as a Sample shard."""
+
+    model: ModelConfig = Field(..., description="policy to sample from")
+    data: DataConfig = Field(..., description="problems (fields: id, problem, answer; mappable)")
+    output_dir: Path = Field(..., description="Sample shard folder")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="auto: vllm when installed and a GPU is present, else hf"
+    )
+    batch_size: int = Field(64, ge=1, description="sequences per generate call (hf backend)")
+    max_model_len: int | None = Field(
+        None, ge=2, description="context window; default: the model's max_position_embeddings"
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    overwrite: bool = Field(False, description="discard an output folder written with another config")
 
 
 class TinyConfig(Strict):

@@ -86,4 +86,3 @@ def test_chat_template_renders_what_the_template_module_expects(tiny_model_dir):
 def test_default_corpus_is_synthetic_text():
     texts = models.default_corpus(n=20)
     assert len(texts) == 40 and "How many" in texts[0] and " = " in texts[1]
-    assert synthetic.VALUE_CAP == 999

@@ -29,7 +29,6 @@ NAMES = [
 ]
 ITEMS = ["apples", "marbles", "stickers", "coins", "books", "pencils", "cookies", "shells",
          "stamps", "cards", "beads", "plums"]
-VALUE_CAP = 999  # no intermediate result above this: keeps every number at most three digits
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,8 @@ class Puzzle:
         return f"{self.start}|" + ";".join(f"{o.kind}:{o.a}:{o.b}" for o in self.ops)
 
 
-def apply(op: Op, x: int) -> int | None:
-    """The quantity after `op`, or None when the step would leave whole non-negative numbers."""
+def apply(op: Op, x: int, cap: int) -> int | None:
+    """The quantity after `op`, or None when it would leave the whole numbers 0..cap."""
     if op.kind == "add":
         y = x + op.a
     elif op.kind == "sub":
@@ -73,10 +72,10 @@ def apply(op: Op, x: int) -> int | None:
         y = x // op.a
     else:
         raise ValueError(op.kind)
-    return y if 0 <= y <= VALUE_CAP else None
+    return y if 0 <= y <= cap else None
 
 
-def _random_op(rng: random.Random, x: int, max_operand: int) -> Op:
+def _random_op(rng: random.Random, x: int, max_operand: int, cap: int) -> Op:
     while True:
         kind = rng.choice(["add", "sub", "groups", "mul", "div"])
         if kind == "groups":
@@ -85,17 +84,18 @@ def _random_op(rng: random.Random, x: int, max_operand: int) -> Op:
             op = Op(kind, rng.randint(2, 3))
         else:
             op = Op(kind, rng.randint(2, max(2, max_operand * 2)))
-        if apply(op, x) is not None and not (kind == "div" and x == 0):
+        if apply(op, x, cap) is not None and not (kind == "div" and x == 0):
             return op
 
 
-def make_puzzle(rng: random.Random, level: int, max_start: int, max_operand: int) -> Puzzle:
+def make_puzzle(rng: random.Random, level: int, max_start: int, max_operand: int,
+                max_value: int) -> Puzzle:
     name, pronoun = rng.choice(NAMES)
     x = start = rng.randint(2, max_start)
     ops, values = [], []
     for _ in range(level + 1):
-        op = _random_op(rng, x, max_operand)
-        x = apply(op, x)
+        op = _random_op(rng, x, max_operand, max_value)
+        x = apply(op, x, max_value)
         ops.append(op)
         values.append(x)
     return Puzzle(start, ops, name, pronoun, rng.choice(ITEMS), level, values)
@@ -165,7 +165,8 @@ def generate(cfg: SynthConfig) -> tuple[list[Puzzle], list[Puzzle]]:
                 f"only {len(puzzles)} distinct problems found for {wanted} requested; "
                 "raise max_start / max_operand, add levels, or ask for fewer problems"
             )
-        p = make_puzzle(rng, rng.choice(cfg.levels), cfg.max_start, cfg.max_operand)
+        p = make_puzzle(rng, rng.choice(cfg.levels), cfg.max_start, cfg.max_operand,
+                        cfg.max_value)
         if p.signature() not in seen:
             seen.add(p.signature())
             puzzles.append(p)

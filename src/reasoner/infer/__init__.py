@@ -1,0 +1,166 @@
+"""`reasoner infer`: n candidate answers per problem, written as a resumable Sample shard.
+
+Every sample has a key (id, sample_idx) and a seed derived from (run seed, id, sample_idx).
+`--shard i --num-shards n` gives worker i every n-th problem; each worker writes its own part
+of one folder, skips keys already written (resume), and the folder is marked complete only
+when every key of every shard is present.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from reasoner import shards
+from reasoner.config import InferConfig, dump
+from reasoner.data import sources
+from reasoner.data.template import render_prompt
+from reasoner.infer.base import Completion, Generator, Request, sample_seed
+from reasoner.records import Problem, Sample
+
+
+def pick_backend(cfg: InferConfig) -> str:
+    if cfg.backend != "auto":
+        return cfg.backend
+    from importlib.util import find_spec
+
+    from reasoner import device as dev
+
+    return "vllm" if find_spec("vllm") and (dev.cuda_available() or dev.npu_available()) else "hf"
+
+
+def make_generator(cfg: InferConfig, backend: str) -> Generator:
+    if backend == "vllm":
+        from reasoner.infer.vllm import VLLMGenerator
+
+        return VLLMGenerator(cfg.model, cfg.vllm, cfg.max_model_len, cfg.sampling.seed,
+                             cfg.sampling.logprobs)
+    from reasoner.infer.hf import HFGenerator
+
+    return HFGenerator(cfg.model)
+
+
+def load_problems(cfg: InferConfig) -> list[dict]:
+    rows = sources.read_rows(cfg.data, Problem)
+    if not rows:
+        raise ValueError(f"{cfg.data.path}: no problems to generate for")
+    dupes = [k for k, v in Counter(r["id"] for r in rows).items() if v > 1]
+    if dupes:
+        raise ValueError(f"{cfg.data.path}: duplicate problem ids {dupes[:5]} "
+                         f"({len(dupes)} in all); ids must be unique")
+    return rows
+
+
+def _config_key(cfg: InferConfig) -> dict:
+    """The config that defines the folder's contents (batching and overwrite do not)."""
+    data = dump(cfg)
+    for key in ("batch_size", "overwrite"):
+        data.pop(key)
+    return data
+
+
+def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = True) -> Path:
+    """Generate this shard's samples into `cfg.output_dir`; return the folder."""
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"--shard {shard} is outside 0..{num_shards - 1}")
+    out = Path(cfg.output_dir)
+    problems = load_problems(cfg)
+    config = _config_key(cfg)
+    manifest = shards.read_manifest(out)
+    if manifest and manifest.get("complete") and manifest.get("config") == config:
+        return out
+    shards.begin(out, "infer", config, {"model": cfg.model.name_or_path, "data": cfg.data.path},
+                 overwrite=cfg.overwrite)
+    mine = problems[shard::num_shards]
+    done = shards.present_keys(out, Sample)
+    todo = [(p, k) for p in mine for k in range(cfg.sampling.n) if (p["id"], k) not in done]
+    stats = {"generated": 0, "tokens": 0, "prompt_too_long": 0}
+    started = time.perf_counter()
+    if todo:
+        backend = pick_backend(cfg)
+        gen = make_generator(cfg, backend)
+        try:
+            _generate(cfg, gen, backend, todo, out, shard, stats, progress)
+        finally:
+            gen.close()
+    stats["seconds"] = time.perf_counter() - started
+    _finish_if_complete(out, problems, cfg.sampling.n, stats)
+    return out
+
+
+def _generate(cfg: InferConfig, gen: Any, backend: str, todo: list[tuple[dict, int]], out: Path,
+              shard: int, stats: dict, progress: bool) -> None:
+    from reasoner.training import progress_bar
+
+    tok = gen.tokenizer
+    window = cfg.max_model_len or _context_window(gen)
+    prompts: dict[str, tuple[str, list[int]]] = {}
+    per_call = cfg.batch_size if backend == "hf" else max(cfg.batch_size, 4096)
+    with shards.PartWriter(out, shard) as writer, progress_bar(progress) as bar:
+        task = bar.add_task("infer", total=len(todo), info="")
+        for start in range(0, len(todo), per_call):
+            chunk = todo[start:start + per_call]
+            requests, rows = [], []
+            for problem, k in chunk:
+                if problem["id"] not in prompts:
+                    text = render_prompt(problem["problem"], cfg.template, tok)
+                    prompts[problem["id"]] = (text, tok(text, add_special_tokens=False)["input_ids"])
+                text, ids = prompts[problem["id"]]
+                room = window - len(ids)
+                seed = sample_seed(cfg.sampling.seed, problem["id"], k)
+                if room < 1:  # recorded and counted, never a crash of the whole run
+                    rows.append(_row(cfg, problem, k, text, ids, seed, None, "prompt_too_long"))
+                    stats["prompt_too_long"] += 1
+                    continue
+                requests.append(Request(problem["id"], k, ids, seed, min(cfg.sampling.max_tokens, room)))
+                rows.append((problem, k, text, ids, seed))
+            completions = iter(gen.generate(requests, cfg.sampling))
+            for item in rows:
+                row = item if isinstance(item, Sample) else _row(cfg, *item, next(completions))
+                writer.write(row)
+                stats["generated"] += 1
+                stats["tokens"] += row.response_tokens
+            rate = stats["tokens"] / max(bar.tasks[task].elapsed or 1e-9, 1e-9)
+            bar.update(task, advance=len(chunk), info=f"{rate:,.0f} tok/s")
+
+
+def _context_window(gen: Any) -> int:
+    model = getattr(gen, "model", None)
+    if model is not None:
+        return int(model.config.max_position_embeddings)
+    return int(gen.llm.llm_engine.model_config.max_model_len)
+
+
+def _row(cfg: InferConfig, problem: dict, k: int, prompt: str, ids: list[int], seed: int,
+         c: Completion | None, error: str | None = None) -> Sample:
+    extra: dict[str, Any] = {}
+    if c is None:
+        c = Completion([], "", "length", [] if cfg.sampling.logprobs else None)
+        extra["error"] = error
+    return Sample(
+        id=problem["id"], sample_idx=k, problem=problem["problem"], answer=problem["answer"],
+        prompt=prompt, response=c.text, prompt_tokens=len(ids), response_tokens=len(c.token_ids),
+        finish_reason=c.finish_reason, seed=seed, model=cfg.model.name_or_path,
+        token_ids=c.token_ids if cfg.sampling.logprobs else None,
+        logprobs=c.logprobs if cfg.sampling.logprobs else None, **extra,
+    )
+
+
+def _finish_if_complete(out: Path, problems: list[dict], n: int, stats: dict) -> None:
+    """Mark the folder complete once every key of every shard is present (any worker may)."""
+    rows = list(shards.iter_rows(out, Sample))
+    keys = {(r["id"], r["sample_idx"]) for r in rows}
+    if len(keys) != len(rows):
+        raise shards.ShardError(f"{out}: duplicate samples found; delete the folder and rerun")
+    if keys != {(p["id"], k) for p in problems for k in range(n)}:
+        shards.update_manifest(out, counts={"samples": len(rows), "expected": len(problems) * n})
+        return
+    lengths = [r["response_tokens"] for r in rows]
+    shards.finish(out, {
+        "problems": len(problems), "samples": len(rows),
+        "mean_response_tokens": sum(lengths) / len(lengths), "max_response_tokens": max(lengths),
+        "truncation_rate": sum(r["finish_reason"] == "length" for r in rows) / len(rows),
+        "prompt_too_long": sum(r.get("error") == "prompt_too_long" for r in rows),
+    }, last_run={k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})

@@ -1,0 +1,79 @@
+"""The generator protocol every backend implements, and the sampling transform they share.
+
+Behaviour log-probs are log-probabilities of the sampled token under the distribution that was
+actually sampled from: logits / temperature, then top-k, then top-p, renormalised. A
+teacher-forced pass over prompt + response through `processed_logprobs` gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from reasoner.config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sample to generate: key (id, sample_idx), the prompt as token ids, its own seed."""
+
+    id: str
+    sample_idx: int
+    prompt_ids: list[int]
+    seed: int
+    max_tokens: int
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # generated tokens, the stop token included when there was one
+    text: str  # decoded response without special tokens
+    finish_reason: str  # "stop" | "length"
+    logprobs: list[float] | None = None  # behaviour log-prob of each token in token_ids
+
+
+class Generator(Protocol):
+    name: str
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
+        """One completion per request, in request order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def sample_seed(run_seed: int, problem_id: str, sample_idx: int) -> int:
+    """A 31-bit seed from (run seed, id, sample_idx): reruns repeat, shards never collide."""
+    digest = hashlib.sha256(f"{run_seed}\x00{problem_id}\x00{sample_idx}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def transform_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """Temperature, then top-k, then top-p on (..., V) logits; removed tokens get -inf."""
+    logits = logits.float()
+    if temperature == 0:  # greedy: all mass on the argmax
+        keep = logits == logits.max(-1, keepdim=True).values
+        first = keep.cumsum(-1) == 1
+        return torch.where(keep & first, 0.0, float("-inf"))
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # (..., V) mass of strictly more likely tokens
+        drop_sorted = mass_before >= top_p  # never drops the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def processed_logprobs(logits: Tensor, token_ids: Tensor, sampling: SamplingConfig) -> Tensor:
+    """(T,) log-probs of `token_ids` under the transformed distribution of (T, V) `logits`."""
+    t = transform_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return t.log_softmax(-1).gather(-1, token_ids[:, None])[:, 0]

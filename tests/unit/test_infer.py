@@ -1,0 +1,146 @@
+import math
+
+import pytest
+import torch
+
+from reasoner import infer, shards
+from reasoner.config import InferConfig, SamplingConfig
+from reasoner.infer.base import Request, processed_logprobs, sample_seed, transform_logits
+from reasoner.records import Sample
+
+
+def cfg_for(synth_dir, model_dir, out, **kw) -> InferConfig:
+    base = {"model": {"name_or_path": str(model_dir)},
+            "data": {"path": str(synth_dir / "test_problems"), "limit": 3},
+            "output_dir": str(out), "template": {"instruction": ""},
+            "sampling": {"n": 4, "max_tokens": 12, "temperature": 1.0, "top_k": 40, "top_p": 0.95,
+                         "logprobs": True, "seed": 0},
+            "backend": "hf", "batch_size": 5}
+    for key, value in kw.items():
+        node = base
+        *parents, last = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return InferConfig.model_validate(base)
+
+
+def rows(folder):
+    return list(shards.iter_rows(folder, Sample))
+
+
+def test_n_samples_per_problem_with_keys_and_reproducible_seeds(tmp_path, synth_dir, tiny_model_dir):
+    a = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "a"), progress=False))
+    assert sorted((r["id"], r["sample_idx"]) for r in a) == sorted(
+        (p["id"], k) for p in list(shards.iter_rows(synth_dir / "test_problems"))[:3] for k in range(4))
+    assert all(r["seed"] == sample_seed(0, r["id"], r["sample_idx"]) for r in a)
+    assert all(len(r["token_ids"]) == len(r["logprobs"]) == r["response_tokens"] for r in a)
+    # same seed, other batching: identical samples; other seed: different samples
+    b = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "b", batch_size=3),
+                       progress=False))
+    key = lambda r: (r["id"], r["sample_idx"])  # noqa: E731
+    assert [r["token_ids"] for r in sorted(a, key=key)] == [r["token_ids"] for r in sorted(b, key=key)]
+    c = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "c", sampling__seed=1),
+                       progress=False))
+    assert [r["token_ids"] for r in sorted(a, key=key)] != [r["token_ids"] for r in sorted(c, key=key)]
+    # samples of one problem differ from each other (seeds differ per sample_idx)
+    first = [r["token_ids"] for r in a if r["id"] == a[0]["id"]]
+    assert len({tuple(t) for t in first}) > 1
+    manifest = shards.read_manifest(tmp_path / "a")
+    assert manifest["complete"] and manifest["counts"]["samples"] == 12
+
+
+def test_behaviour_logprobs_match_teacher_forced_recomputation(tmp_path, synth_dir, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    out = infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "a", sampling__max_tokens=20),
+                    progress=False)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    sampling = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95)
+    checked = 0
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for r in rows(out):
+        prompt = tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + r["token_ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1:-1]  # (T, V) predicting each response token
+        recomputed = processed_logprobs(logits, torch.tensor(r["token_ids"]), sampling)
+        # tolerance: fp32 logits of a batched, KV-cached pass vs one full pass
+        assert torch.allclose(recomputed, torch.tensor(r["logprobs"]), atol=1e-4), r["sample_idx"]
+        assert all(math.isfinite(x) for x in r["logprobs"])
+        checked += len(r["token_ids"])
+    assert checked > 50
+
+
+def test_transform_logits_top_k_top_p_greedy():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(transform_logits(logits, 1.0, 2, 1.0)[0, 2:]).all()
+    kept = transform_logits(logits, 1.0, 0, 0.8)[0]  # 0.5 + 0.3 reach 0.8: the rest goes
+    assert torch.isfinite(kept[:2]).all() and torch.isinf(kept[2:]).all()
+    kept = transform_logits(logits, 1.0, 0, 0.81)[0]
+    assert torch.isfinite(kept[:3]).all() and torch.isinf(kept[3])
+    greedy = transform_logits(logits, 0.0, 40, 0.95)[0]
+    assert greedy.tolist() == [0.0, float("-inf"), float("-inf"), float("-inf")]
+    p = processed_logprobs(logits[0].repeat(2, 1), torch.tensor([0, 1]), SamplingConfig(
+        temperature=1.0, top_k=0, top_p=0.8))
+    assert torch.allclose(p, torch.log(torch.tensor([0.5 / 0.8, 0.3 / 0.8])))
+
+
+def test_bad_inputs(tmp_path, synth_dir, tiny_model_dir):
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"id": "a", "problem": "1+1", "answer": "2"}\n{"id": "b", "problem": "x"}\n')
+    with pytest.raises(shards.ShardError, match=f'{missing}:2: missing field "answer"'):
+        infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "o", data__path=str(missing)))
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "problem": "1", "answer": "1"}\n' * 2)
+    with pytest.raises(ValueError, match=r"duplicate problem ids \['a'\]"):
+        infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "o", data__path=str(dup)))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no problems"):
+        infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "o", data__path=str(empty)))
+    mapped = tmp_path / "mapped.jsonl"  # the ../shared eval files use prompt/answer; ids are made
+    mapped.write_text('{"id": 1, "question": "Mia has 3 apples.", "answer": 3}\n'
+                      '{"id": 2, "question": "' + "Mia has 3 apples. " * 60 + '", "answer": 4}\n')
+    out = infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "long", data__path=str(mapped),
+                            data__fields={"problem": "question"}, max_model_len=200),
+                    progress=False)
+    got = rows(out)
+    too_long = [r for r in got if r.get("error") == "prompt_too_long"]
+    assert len(too_long) == 4 and all(r["id"] == "2" and r["response"] == "" for r in too_long)
+    assert shards.read_manifest(out)["counts"]["prompt_too_long"] == 4
+    assert len(got) == 8
+
+
+def test_missing_vllm_names_the_extra(tmp_path, synth_dir, tiny_model_dir, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *a, **kw):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(ImportError, match=r"pip install 'reasoner\[vllm\]'"):
+        infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "v", backend="vllm"))
+
+
+def test_vllm_backend_on_tiny_model(tmp_path, synth_dir, tiny_model_dir):
+    pytest.importorskip("vllm", reason="vllm is not installed (GPU machines: pip install 'reasoner[vllm]')")
+    from reasoner import device as dev
+
+    if not dev.cuda_available():
+        pytest.skip("vllm is installed but no GPU is visible")
+    out = infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "v", backend="vllm",
+                            vllm__gpu_memory_utilization=0.3), progress=False)
+    got = rows(out)
+    assert len(got) == 12 and all(len(r["token_ids"]) == len(r["logprobs"]) for r in got)
+
+
+def test_request_is_hashable_key():
+    r = Request("a", 1, [1, 2], 5, 10)
+    assert (r.id, r.sample_idx) == ("a", 1)
