@@ -94,7 +94,7 @@ def main() -> None:
     except ImportError as exc:
         print(f"TRL not installed ({exc}); pip install 'reasoner[bench]' to compare")
     base = results["reasoner packed"]["tokens_per_s"]
-    print(f"\n| run | tokens/s | vs reasoner packed | real tokens / slots |\n|---|---|---|---|")
+    print("\n| run | tokens/s | vs reasoner packed | real tokens / slots |\n|---|---|---|---|")
     for name, r in results.items():
         eff = f"{r['efficiency']:.3f}" if r["efficiency"] is not None else "n/a"
         print(f"| {name} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f}x | {eff} |")

@@ -4,7 +4,6 @@ import torch
 
 from reasoner import models
 from reasoner.config import TemplateConfig
-from reasoner.data import synthetic
 from reasoner.data.template import render_prompt, render_sft
 from reasoner.shards import iter_rows
 
