@@ -12,7 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 from reasoner import __version__
-from reasoner.config import ConfigError, InferConfig, SFTConfig, SynthConfig, TinyConfig, load
+from reasoner.config import (
+    ConfigError,
+    InferConfig,
+    SFTConfig,
+    SynthConfig,
+    TinyConfig,
+    VerifyConfig,
+    load,
+)
 
 console = Console(stderr=True)
 
@@ -37,7 +45,7 @@ OverridesArg = Annotated[
 
 # Which config model each command reads (tests load every shipped YAML through this).
 CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
-                                  "sft": SFTConfig, "infer": InferConfig}
+                                  "sft": SFTConfig, "infer": InferConfig, "verify": VerifyConfig}
 
 # Errors a user can fix from the message alone: printed without a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ValueError, FileNotFoundError,
@@ -162,6 +170,29 @@ def infer(
         rows.append(("throughput", f"{last['generated'] / last['seconds']:.1f} samples/s, "
                                    f"{last['tokens'] / last['seconds']:,.0f} tokens/s"))
     summary("infer", rows)
+
+
+@app.command("verify")
+def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Judge each sample (math-verify rules and/or an LLM judge), reward it, filter groups."""
+    from reasoner import shards
+    from reasoner import verify as stage
+
+    cfg = load_config("verify", VerifyConfig, config, overrides)
+    out = run_stage("verify", lambda: stage.run(cfg))
+    manifest = shards.read_manifest(out) or {}
+    c = manifest.get("counts", {})
+    rows = [("folder", out), ("in", f"{c.get('problems_in')} problems, {c.get('samples_in')} samples"),
+            ("verdicts", ", ".join(f"{k} {v}" for k, v in c.get("verdicts", {}).items()))]
+    if c.get("decontaminated_problems"):
+        rows.append(("decontaminated", f"{c['decontaminated_problems']} problems"))
+    for f in manifest.get("filters", []):
+        rows.append((f["filter"], f"-{f['problems_removed']} problems, -{f['samples_removed']} samples"))
+    if manifest.get("agreement"):
+        rows.append(("rule x judge", ", ".join(f"{k}: {v}" for k, v in manifest["agreement"].items())))
+    rows.append(("out", f"{c.get('problems')} problems, {c.get('samples')} samples "
+                        f"({c.get('positives')} positive, {c.get('negatives')} negative)"))
+    summary("verify", rows)
 
 
 def _is_main() -> bool:

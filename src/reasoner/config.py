@@ -220,6 +220,85 @@ class InferConfig(Strict):
     overwrite: bool = Field(False, description="discard an output folder written with another config")
 
 
+class JudgeConfig(Strict):
+    """An LLM that compares a candidate's final answer with the reference (the recipe: Qwen3-32B)."""
+
+    model: ModelConfig | None = Field(None, description="judge model; required by judge modes")
+    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
+    prompt_file: Path = Field(
+        Path("configs/judge/prompt.txt"),
+        description="template with {problem}, {reference}, {candidate}",
+    )
+    max_tokens: int = Field(1024, ge=1, description="most tokens the judge may write")
+    retries: int = Field(2, ge=0, description="extra attempts (sampled) when a reply is unparseable")
+    tail_chars: int = Field(
+        1500, ge=1, description="response tail shown when no final answer could be extracted"
+    )
+    batch_size: int = Field(32, ge=1, description="judge prompts per generate call (hf)")
+    max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+
+
+class FilterConfig(Strict):
+    """Sample and group filters, applied in this order (each reports what it removed)."""
+
+    truncated: Literal["negative", "drop"] = Field(
+        "negative", description="responses cut at max_tokens: keep as negatives, or drop"
+    )
+    dedupe: bool = Field(True, description="drop exact duplicate responses within a group")
+    min_group_mean_tokens: int | None = Field(
+        None, ge=0, description="difficulty: keep groups whose mean response tokens reach this "
+        "and that are not all correct (recipe: 32K); null = off"
+    )
+    drop_zero_variance: bool = Field(True, description="drop groups all correct or all wrong")
+    max_positive_tokens: int | None = Field(
+        None, ge=1, description="drop correct responses longer than this (recipe: 48K)"
+    )
+
+
+class DecontamConfig(Strict):
+    """Drop problems too close to benchmark problems."""
+
+    benchmarks: list[DataConfig] = Field(
+        default_factory=list, description="benchmark problem files / ids (fields mappable)"
+    )
+    method: Literal["ngram", "embedding"] = Field(
+        "ngram", description="word n-gram overlap, or all-MiniLM-L6-v2 cosine (extra: decontam)"
+    )
+    ngram: int = Field(8, ge=1, description="words per n-gram")
+    threshold: float = Field(
+        0.3, gt=0, le=1, description="ngram: share of a problem's n-grams found in one benchmark "
+        "problem; embedding: cosine similarity"
+    )
+
+
+class VerifyConfig(Strict):
+    """`reasoner verify`: Sample shard -> Verified shard (verdicts, rewards, filters)."""
+
+    input_dir: Path = Field(..., description="Sample shard written by `reasoner infer`")
+    output_dir: Path = Field(..., description="Verified shard folder")
+    mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
+        "rule", description="rule: math-verify; judge: LLM; rule_then_judge: judge what the rule "
+        "rejects; both: run both (final verdict: judge) and report their agreement"
+    )
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="tag names")
+    workers: int = Field(2, ge=1, description="rule-verifier worker processes")
+    timeout_s: float = Field(5.0, gt=0, description="hard wall-clock limit per rule check")
+    memory_mb: int = Field(2048, ge=64, description="address-space cap per rule worker")
+    invalid: Literal["negative", "drop"] = Field(
+        "negative", description="unparseable judge replies: reward -1, or drop the sample"
+    )
+    timeout: Literal["negative", "drop"] = Field(
+        "negative", description="rule checks past their limit: reward -1, or drop the sample"
+    )
+    tokenizer: str | None = Field(
+        None, description="tokenizer that counts reasoning tokens; default: the samples' model"
+    )
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="LLM judge")
+    filters: FilterConfig = Field(default_factory=FilterConfig, description="filters")
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="decontamination")
+
+
 class TinyConfig(Strict):
     """`reasoner model tiny`: build a tiny Qwen2 model and BPE tokenizer from scratch."""
 

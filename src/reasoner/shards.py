@@ -132,6 +132,12 @@ def reset(folder: Path, stage: str, config: dict, inputs: dict[str, str] | None 
                            complete=False)
 
 
+def reset_parts(folder: Path) -> None:
+    """Delete the parts (not the manifest): for stages that rewrite their output whole."""
+    for part in part_files(folder):
+        part.unlink()
+
+
 def finish(folder: Path, counts: dict[str, Any], **extra: Any) -> dict:
     """Mark the folder complete; only now do readers treat it as a finished stage output."""
     return update_manifest(folder, counts=counts, complete=True, **extra)

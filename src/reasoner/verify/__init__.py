@@ -1,0 +1,166 @@
+"""`reasoner verify`: Sample shard -> Verified shard.
+
+1. decontamination drops problems close to benchmark problems;
+2. each sample gets a verdict (rule: math-verify in a process pool; judge: an LLM), written to
+   `verdicts/` as it goes, so a killed run resumes without re-judging finished samples;
+3. rewards R = +1 (correct) / -1 (otherwise); `invalid` and `timeout` become -1 or are dropped;
+4. the filters (verify/filters.py) run in their documented order;
+5. the Verified shard is written with group stats and reasoning-token counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from reasoner import shards
+from reasoner.config import VerifyConfig, dump
+from reasoner.data.template import think_span
+from reasoner.records import Sample, Verified
+from reasoner.verify import decontam, filters
+from reasoner.verify.extract import extract_answer
+
+VERDICTS = "verdicts"
+CHUNK = 512  # samples verified between two flushes of the verdict shard
+
+
+def _rule_verdict(extracted: str | None, ok: bool | None) -> str:
+    if extracted is None:
+        return "no_answer"
+    return "timeout" if ok is None else "correct" if ok else "incorrect"
+
+
+def _judge_verdict(v: int | None) -> str:
+    return "invalid" if v is None else "correct" if v == 1 else "incorrect"
+
+
+def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress: bool) -> None:
+    """Append a verdict row per sample not yet in `out/verdicts` (resumable)."""
+    from reasoner.training import progress_bar
+    from reasoner.verify.rules import VerifierPool
+
+    folder = out / VERDICTS
+    done = {(r["id"], r["sample_idx"]) for r in shards.iter_rows(folder)} if folder.exists() else set()
+    todo = [s for s in samples if (s["id"], s["sample_idx"]) not in done]
+    if not todo:
+        return
+    need_rule = cfg.mode in ("rule", "rule_then_judge", "both")
+    need_judge = cfg.mode in ("judge", "rule_then_judge", "both")
+    pool = VerifierPool(cfg.workers, cfg.timeout_s, cfg.memory_mb) if need_rule else None
+    judge: Any = None
+    if need_judge:
+        from reasoner.verify.judge import Judge
+
+        judge = Judge(cfg.judge)
+    t = cfg.template
+    try:
+        with shards.PartWriter(folder, 0) as writer, progress_bar(progress) as bar:
+            task = bar.add_task("verify", total=len(todo), info="")
+            for start in range(0, len(todo), CHUNK):
+                chunk = todo[start:start + CHUNK]
+                rows = [{"id": s["id"], "sample_idx": s["sample_idx"],
+                         "extracted": extract_answer(s["response"], t.answer_open, t.answer_close)}
+                        for s in chunk]
+                if pool is not None:
+                    checks = [(s["answer"], r["extracted"]) for s, r in zip(chunk, rows, strict=True)
+                              if r["extracted"] is not None]
+                    verdicts = iter(pool.map(checks))
+                    for r in rows:
+                        ok = next(verdicts) if r["extracted"] is not None else False
+                        r["rule_verdict"] = _rule_verdict(r["extracted"], ok)
+                if judge is not None:
+                    ask = [i for i, r in enumerate(rows)
+                           if cfg.mode != "rule_then_judge" or r["rule_verdict"] != "correct"]
+                    answers = judge.judge([{**chunk[i], "extracted": rows[i]["extracted"]}
+                                           for i in ask])
+                    for i, (v, reply) in zip(ask, answers, strict=True):
+                        rows[i]["judge_verdict"], rows[i]["judge_output"] = _judge_verdict(v), reply
+                for r in rows:
+                    writer.write(r)
+                bar.update(task, advance=len(chunk))
+    finally:
+        if pool is not None:
+            pool.close()
+        if judge is not None:
+            judge.close()
+
+
+def final_verdict(mode: str, v: dict) -> tuple[str, str]:
+    """(verdict, verifier) of one verdict row under `mode`."""
+    if mode == "rule":
+        return v["rule_verdict"], "rule"
+    if mode == "rule_then_judge" and v["rule_verdict"] == "correct":
+        return "correct", "rule"
+    if v.get("judge_verdict") is None:  # judge skipped (no answer and rule-only verdict)
+        return v["rule_verdict"], "rule"
+    return v["judge_verdict"], "judge"
+
+
+def agreement(verdicts: list[dict]) -> dict[str, int]:
+    """rule verdict x judge verdict counts (mode `both`)."""
+    c = Counter(f"rule={v['rule_verdict']},judge={v['judge_verdict']}" for v in verdicts
+                if "judge_verdict" in v and "rule_verdict" in v)
+    return dict(sorted(c.items()))
+
+
+def _reasoning_counter(cfg: VerifyConfig, model: str) -> Any:
+    from reasoner.models import load_tokenizer
+
+    tok = load_tokenizer(cfg.tokenizer or model)
+    return lambda text: len(tok(think_span(text, cfg.template), add_special_tokens=False)["input_ids"])
+
+
+def run(cfg: VerifyConfig, progress: bool = True) -> Path:
+    started = time.perf_counter()
+    out = Path(cfg.output_dir)
+    if not shards.is_complete(cfg.input_dir):
+        raise ValueError(f"{cfg.input_dir} is not a complete Sample shard (its manifest does not "
+                         "say complete: true); finish `reasoner infer` first")
+    config = dump(cfg)
+    manifest = shards.read_manifest(out)
+    if manifest and manifest.get("complete") and manifest.get("config") == config:
+        return out
+    shards.update_manifest(out, stage="verify", config=config, inputs={"samples": str(cfg.input_dir)},
+                           complete=False)
+    # Verdicts are reused across runs whose verdict settings agree (a filter change re-judges
+    # nothing); other settings start them afresh.
+    verdict_key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s", "judge")}
+    if (shards.read_manifest(out / VERDICTS) or {}).get("config") != verdict_key:
+        shards.reset(out / VERDICTS, "verify verdicts", verdict_key)
+    samples = list(shards.iter_rows(cfg.input_dir, Sample))
+    if not samples:
+        raise ValueError(f"{cfg.input_dir}: no samples to verify")
+    problems = {s["id"]: {"id": s["id"], "problem": s["problem"]} for s in samples}
+    kept, removed = decontam.decontaminate(list(problems.values()), cfg.decontam)
+    keep_ids = {p["id"] for p in kept}
+    samples = [s for s in samples if s["id"] in keep_ids]
+    compute_verdicts(cfg, samples, out, progress)
+    verdicts = {(v["id"], v["sample_idx"]): v for v in shards.iter_rows(out / VERDICTS)}
+    count = _reasoning_counter(cfg, samples[0]["model"]) if samples else None
+    rows, dropped = [], Counter()
+    for s in samples:
+        v = verdicts[(s["id"], s["sample_idx"])]
+        verdict, verifier = final_verdict(cfg.mode, v)
+        if (verdict == "invalid" and cfg.invalid == "drop") or (
+                verdict == "timeout" and cfg.timeout == "drop"):
+            dropped[verdict] += 1
+            continue
+        rows.append({**s, "extracted": v["extracted"], "verdict": verdict, "verifier": verifier,
+                     "reward": 1.0 if verdict == "correct" else -1.0,
+                     "judge_output": v.get("judge_output"), "rule_verdict": v.get("rule_verdict"),
+                     "reasoning_tokens": count(s["response"])})
+    verdict_counts = Counter(r["verdict"] for r in rows)
+    rows, report = filters.apply(rows, cfg.filters)
+    shards.reset_parts(out)
+    shards.write_rows(out, (Verified.model_validate(r) for r in rows))
+    pos = sum(r["reward"] > 0 for r in rows)
+    shards.finish(out, {
+        "samples_in": len(verdicts), "problems_in": len(problems),
+        "decontaminated_problems": len(removed), "dropped": dict(dropped),
+        "verdicts": dict(verdict_counts), "problems": len({r["id"] for r in rows}),
+        "samples": len(rows), "positives": pos, "negatives": len(rows) - pos,
+    }, filters=report, decontaminated=removed[:100], agreement=agreement(list(verdicts.values())),
+        seconds=round(time.perf_counter() - started, 2))
+    return out

@@ -1,0 +1,109 @@
+"""Judge verification: an LLM compares the candidate's final answer with the reference.
+
+As PCL-Reasoner-V1.5 did with Qwen3-32B. The prompt is a template file (configs/judge/); the
+judge sees the problem, the reference and the extracted answer (or the response tail when no
+answer could be extracted). Decoding is greedy; thinking is stripped from the reply, which is
+then parsed strictly: only a single `\\boxed{0}` or `\\boxed{1}` at the very end counts.
+Anything else is `invalid`, retried with sampling up to `retries` times, and then recorded as
+invalid, never as correct.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from reasoner.config import InferConfig, JudgeConfig, SamplingConfig, TemplateConfig
+from reasoner.data.template import render_messages
+from reasoner.infer.base import Request, sample_seed
+
+_FINAL = re.compile(r"\\boxed\{\s*([01])\s*\}\s*$")
+
+
+def strip_thinking(text: str) -> str:
+    """The reply after the last `</think>` (reasoning models think first); unchanged if none."""
+    end = text.rfind("</think>")
+    return text[end + len("</think>"):] if end >= 0 else text
+
+
+def parse_verdict(reply: str) -> int | None:
+    """1 / 0 from a reply ending in exactly one `\\boxed{1}` / `\\boxed{0}`; otherwise None."""
+    text = strip_thinking(reply).strip()
+    if text.count("\\boxed") != 1:
+        return None
+    m = _FINAL.search(text)
+    return int(m.group(1)) if m else None
+
+
+def load_prompt(path: Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"judge prompt template {path} does not exist (judge.prompt_file)")
+    text = path.read_text()
+    missing = [k for k in ("{problem}", "{reference}", "{candidate}") if k not in text]
+    if missing:
+        raise ValueError(f"{path}: the judge prompt must contain {', '.join(missing)}")
+    return text
+
+
+def render(template: str, problem: str, reference: str, extracted: str | None, response: str,
+           tail_chars: int) -> str:
+    candidate = extracted if extracted is not None else (
+        "(no final answer was extracted; the end of the response follows)\n"
+        + response[-tail_chars:])
+    # str.replace, not format: problems are full of LaTeX braces
+    return (template.replace("{problem}", problem).replace("{reference}", reference)
+            .replace("{candidate}", candidate))
+
+
+class Judge:
+    """Batched judging through an infer backend; verdicts 1 / 0 / None (invalid)."""
+
+    def __init__(self, cfg: JudgeConfig):
+        from reasoner.infer import make_generator, pick_backend
+
+        if cfg.model is None:
+            raise ValueError("this verify mode needs a judge model: set judge.model.name_or_path")
+        self.cfg = cfg
+        self.template = load_prompt(cfg.prompt_file)
+        infer_cfg = InferConfig(model=cfg.model, data={"path": "-"}, output_dir=Path("-"),
+                                backend=cfg.backend, max_model_len=cfg.max_model_len,
+                                vllm=cfg.vllm, sampling=self._sampling(0))
+        self.gen: Any = make_generator(infer_cfg, pick_backend(infer_cfg))
+        self.tokenizer = self.gen.tokenizer
+
+    def _sampling(self, attempt: int) -> SamplingConfig:
+        if attempt == 0:  # greedy first
+            return SamplingConfig(n=1, temperature=0.0, top_k=0, top_p=1.0,
+                                  max_tokens=self.cfg.max_tokens, seed=0)
+        return SamplingConfig(n=1, temperature=0.7, top_k=0, top_p=0.95,
+                              max_tokens=self.cfg.max_tokens, seed=attempt)
+
+    def judge(self, items: list[dict]) -> list[tuple[int | None, str]]:
+        """(verdict, last reply) for items with problem, answer, extracted, response, id, sample_idx."""
+        prompts = []
+        for it in items:
+            text = render(self.template, it["problem"], it["answer"], it.get("extracted"),
+                          it["response"], self.cfg.tail_chars)
+            chat = render_messages([{"role": "user", "content": text}], TemplateConfig(),
+                                   self.tokenizer)
+            prompts.append(self.tokenizer(chat, add_special_tokens=False)["input_ids"])
+        results: list[tuple[int | None, str]] = [(None, "")] * len(items)
+        todo = list(range(len(items)))
+        for attempt in range(self.cfg.retries + 1):
+            if not todo:
+                break
+            sampling = self._sampling(attempt)
+            for start in range(0, len(todo), self.cfg.batch_size):
+                batch = todo[start:start + self.cfg.batch_size]
+                requests = [Request(items[i]["id"], items[i]["sample_idx"], prompts[i],
+                                    sample_seed(attempt, items[i]["id"], items[i]["sample_idx"]),
+                                    self.cfg.max_tokens) for i in batch]
+                for i, c in zip(batch, self.gen.generate(requests, sampling), strict=True):
+                    results[i] = (parse_verdict(c.text), c.text)
+            todo = [i for i in todo if results[i][0] is None]
+        return results
+
+    def close(self) -> None:
+        self.gen.close()
