@@ -8,20 +8,9 @@ import pytest
 
 from reasoner.config import SynthConfig, TinyConfig, TinyModelConfig
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_EVAL = REPO.parent / "shared" / "data" / "eval"
-
 TINY_SHAPE = TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, intermediate_size=128,
                              max_position_embeddings=512, vocab_size=384, seed=0)
-
-
-def shared_eval_file(name: str) -> Path:
-    """A benchmark file from ../shared/data/eval, or skip the test saying why."""
-    path = SHARED_EVAL / name
-    if not path.exists():
-        pytest.skip(f"{path} is absent: the benchmark files live in ../shared beside the checkout")
-    return path
 
 
 @pytest.fixture(scope="session")

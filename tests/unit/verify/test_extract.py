@@ -1,0 +1,66 @@
+import pytest
+
+from reasoner.verify.extract import extract_answer
+
+CASES = [
+    # tags
+    ("<think>x</think>\n<answer>\\boxed{42}</answer>", "42"),
+    ("<answer>\\boxed{1}</answer> then <answer>\\boxed{2}</answer>", "2"),
+    ("<answer>17</answer>", "17"),
+    ("<answer> 17 </answer>", "17"),
+    ("<answer>The answer is \\boxed{9}.</answer>", "9"),
+    ("<answer>\\boxed{3}</answer> \\boxed{9}", "3"),  # the answer block wins
+    ("<think>\\boxed{5}</think><answer>\\boxed{6}</answer>", "6"),
+    ("<answer>\\boxed{4}", "4"),  # open block, completed box
+    ("<answer>4", None),  # cut off: no completed answer
+    ("<answer>\\boxed{4", None),
+    ("\\boxed{12", None),
+    # boxes
+    ("so \\boxed{7}", "7"),
+    ("\\boxed{1} and \\boxed{2}", "2"),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
+    ("\\boxed{{1,2}}", "{1,2}"),
+    ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+    ("\\boxed{(1, 2]}", "(1, 2]"),
+    ("\\boxed{x^{2}+1}", "x^{2}+1"),
+    ("\\fbox{8}", "8"),
+    ("\\boxed 5", "5"),
+    ("$\\boxed 5$", "5"),
+    ("\\boxed {13}", "13"),
+    ("\\boxed{-3}", "-3"),
+    ("\\boxed{3.14}", "3.14"),
+    ("\\boxed{1,000}", "1,000"),
+    ("\\boxed{50\\%}", "50\\%"),
+    ("\\boxed{\\text{(B)}}", "(B)"),
+    ("\\boxed{}", None),
+    # markdown, punctuation, units, delimiters
+    ("<answer>**73**</answer>", "73"),
+    ("<answer>**73**.</answer>", "73"),
+    ("<answer>*5*</answer>", "5"),
+    ("<answer>$12$</answer>", "12"),
+    ("<answer>\\(12\\)</answer>", "12"),
+    ("<answer>12.</answer>", "12"),
+    ("\\boxed{12 meters}", "12"),
+    ("\\boxed{12\\text{ cm}}", "12"),
+    ("\\boxed{7 apples.}", "7"),
+    ("<answer>3/4 cup</answer>", "3/4"),
+    # no answer
+    ("The answer is 5.", None),
+    ("", None),
+    ("**73**", None),
+    ("<think>thinking forever", None),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), CASES)
+def test_extract(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_enough_cases():
+    assert len(CASES) >= 40
+
+
+def test_custom_tags():
+    assert extract_answer("<final>\\boxed{2}</final>", "<final>", "</final>") == "2"

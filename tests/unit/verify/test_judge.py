@@ -1,0 +1,70 @@
+import pytest
+
+from reasoner import infer, shards, verify
+from reasoner.config import InferConfig, VerifyConfig
+from reasoner.verify.judge import load_prompt, parse_verdict, render
+
+REPO_PROMPT = "configs/judge/prompt.txt"
+
+REPLIES = [
+    ("\\boxed{1}", 1),
+    ("\\boxed{0}", 0),
+    ("The candidate matches the reference.\n\\boxed{1}", 1),
+    ("\\boxed{ 0 }  \n", 0),
+    ("<think>is 1/2 = 0.5? yes \\boxed{0} no wait</think>\\boxed{1}", 1),  # thinking stripped
+    ("\\boxed{1} because they match", None),  # trailing text
+    ("\\boxed{1}\\boxed{0}", None),  # two boxes
+    ("\\boxed{0} ... \\boxed{0}", None),
+    ("1", None),  # outside a box
+    ("The answer is correct: 1", None),
+    ("\\boxed{yes}", None),
+    ("\\boxed{2}", None),
+    ("\\boxed{10}", None),
+    ("", None),
+    ("<think>unfinished thinking \\boxed{1}", None),  # no closing tag: the box is inside thinking? strict: counts as reply
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), REPLIES[:-1])
+def test_strict_parsing(reply, expected):
+    assert parse_verdict(reply) == expected
+
+
+def test_prompt_template_renders_with_latex_braces(tmp_path):
+    from pathlib import Path
+
+    template = load_prompt(Path(__file__).resolve().parents[3] / REPO_PROMPT)
+    text = render(template, "Find $\\frac{a}{b}$.", "\\frac{1}{2}", None, "long response " * 500, 50)
+    assert "Find $\\frac{a}{b}$." in text and "\\frac{1}{2}" in text
+    assert "(no final answer was extracted" in text and text.count("long response") <= 5
+    bad = tmp_path / "p.txt"
+    bad.write_text("no placeholders")
+    with pytest.raises(ValueError, match=r"\{problem\}"):
+        load_prompt(bad)
+
+
+def test_judge_end_to_end_with_tiny_model(tmp_path, synth_dir, tiny_model_dir):
+    from pathlib import Path
+
+    samples = infer.run(InferConfig.model_validate({
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"path": str(synth_dir / "test_problems"), "limit": 3},
+        "output_dir": str(tmp_path / "samples"), "backend": "hf",
+        "sampling": {"n": 2, "max_tokens": 8}}), progress=False)
+    prompt = Path(__file__).resolve().parents[3] / REPO_PROMPT
+    cfg = VerifyConfig.model_validate({
+        "input_dir": str(samples), "output_dir": str(tmp_path / "verified"), "mode": "both",
+        "judge": {"model": {"name_or_path": str(tiny_model_dir)}, "backend": "hf",
+                  "prompt_file": str(prompt), "max_tokens": 6, "retries": 1},
+        "filters": {"drop_zero_variance": False}})
+    out = verify.run(cfg, progress=False)
+    rows = list(shards.iter_rows(out))
+    assert len(rows) == 6
+    for r in rows:
+        assert r["verifier"] == "judge" and r["judge_output"] is not None
+        assert r["verdict"] in ("correct", "incorrect", "invalid")
+        assert r["reward"] == (1.0 if r["verdict"] == "correct" else -1.0)
+    # a random tiny model cannot answer in the strict form: invalid, never correct
+    assert all(r["verdict"] == "invalid" for r in rows if parse_verdict(r["judge_output"]) is None)
+    manifest = shards.read_manifest(out)
+    assert sum(manifest["agreement"].values()) == 6

@@ -1,0 +1,73 @@
+import pytest
+
+from reasoner import infer, shards, verify
+from reasoner.config import InferConfig, VerifyConfig
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory, synth_dir, tiny_model_dir):
+    out = tmp_path_factory.mktemp("samples")
+    return infer.run(InferConfig.model_validate({
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"path": str(synth_dir / "test_problems"), "limit": 4},
+        "output_dir": str(out), "backend": "hf", "sampling": {"n": 3, "max_tokens": 10}}),
+        progress=False)
+
+
+def cfg(samples, out, **kw):
+    return VerifyConfig.model_validate({"input_dir": str(samples), "output_dir": str(out),
+                                        "mode": "rule", "workers": 1, **kw})
+
+
+def test_resume_does_not_reverify_finished_samples(tmp_path, samples):
+    out = tmp_path / "v"
+    rows = list(shards.iter_rows(samples))
+    # a first run was killed after verifying two samples (planted verdicts a fresh check would
+    # not give: the tiny random model never answers correctly)
+    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    folder = out / verify.VERDICTS
+    shards.reset_parts(folder)
+    planted = [{"id": r["id"], "sample_idx": r["sample_idx"], "extracted": r["answer"],
+                "rule_verdict": "correct"} for r in rows[:2]]
+    shards.write_rows(folder, planted)
+    shards.update_manifest(out, complete=False)
+    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    got = {(r["id"], r["sample_idx"]): r for r in shards.iter_rows(out)}
+    assert len(got) == 12
+    verdicts = {(v["id"], v["sample_idx"]): v for v in shards.iter_rows(folder)}
+    assert len(list(shards.iter_rows(folder))) == len(verdicts) == 12  # nothing verified twice
+    for p in planted:
+        key = (p["id"], p["sample_idx"])
+        assert verdicts[key]["rule_verdict"] == "correct"  # kept, not recomputed
+        assert got[key]["extracted"] == p["extracted"]
+        # these samples were cut at max_tokens: the truncation filter makes them negatives
+        assert got[key]["finish_reason"] != "length" or got[key]["verdict"] == "no_answer"
+    assert sum(v["rule_verdict"] == "correct" for v in verdicts.values()) == 2
+
+
+def test_filter_change_reuses_verdicts_and_rows_are_complete(tmp_path, samples):
+    out = tmp_path / "v"
+    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    verdict_part = shards.part_path(out / verify.VERDICTS, 0)
+    before = verdict_part.read_bytes()
+    verify.run(cfg(samples, out, filters={"drop_zero_variance": True}), progress=False)
+    assert verdict_part.read_bytes() == before
+    manifest = shards.read_manifest(out)
+    assert manifest["complete"] and manifest["counts"]["samples"] == 0  # all wrong: dropped
+    rows = list(shards.iter_rows(cfg(samples, out).output_dir))
+    assert rows == []
+    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    for r in shards.iter_rows(out):
+        assert r["group_size"] == 3 and r["group_accuracy"] == 0.0 and r["reward"] == -1.0
+        assert r["reasoning_tokens"] >= 0 and r["verifier"] == "rule"
+
+
+def test_incomplete_input_is_refused(tmp_path, samples):
+    shards.update_manifest(tmp_path / "partial", stage="infer", complete=False)
+    with pytest.raises(ValueError, match="not a complete Sample shard"):
+        verify.run(cfg(tmp_path / "partial", tmp_path / "v"))
+
+
+def test_judge_mode_without_model_is_a_clear_error(tmp_path, samples):
+    with pytest.raises(ValueError, match="judge.model.name_or_path"):
+        verify.run(cfg(samples, tmp_path / "v", mode="judge"), progress=False)
