@@ -299,6 +299,37 @@ class VerifyConfig(Strict):
     decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="decontamination")
 
 
+class EvalConfig(Strict):
+    """`reasoner eval aime` / `eval bench`: k samples per problem, rule-verified, with a report."""
+
+    model: ModelConfig = Field(..., description="model to evaluate")
+    benchmark: str = Field("bench", description="name shown in reports (aime24, gsm8k, ...)")
+    data: list[DataConfig] = Field(
+        default_factory=list, description="problem sources, read in order (fields mappable)"
+    )
+    output_dir: Path = Field(..., description="folder for samples, verdicts and the report")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
+    sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(n=32, max_tokens=32768),
+        description="k = sampling.n samples per problem (the recipe: avg@32)",
+    )
+    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
+    batch_size: int = Field(64, ge=1, description="sequences per generate call (hf)")
+    max_model_len: int | None = Field(None, ge=2, description="context window")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
+        "rule", description="verifier (see reasoner verify)"
+    )
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="optional LLM judge")
+    workers: int = Field(2, ge=1, description="rule-verifier worker processes")
+    timeout_s: float = Field(5.0, gt=0, description="hard limit per rule check")
+    length_buckets: list[int] = Field(
+        [4096, 8192, 16384, 32768], description="response-token bucket edges for accuracy by length"
+    )
+    bootstrap: int = Field(1000, ge=100, description="bootstrap resamples for the 95% interval")
+    seed: int = Field(0, description="bootstrap seed")
+
+
 class TinyConfig(Strict):
     """`reasoner model tiny`: build a tiny Qwen2 model and BPE tokenizer from scratch."""
 

@@ -65,7 +65,12 @@ def _hub(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
 def read_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> list[dict]:
     """All rows, renamed through `cfg.fields` and validated against `row_type`."""
     rows = []
+    stem = Path(cfg.path).stem if Path(cfg.path).exists() else cfg.path.replace("/", "_")
+    stem += f"-{cfg.subset}" if cfg.subset else ""
     for where, row in _located(cfg):
+        if "id" not in row and "id" not in cfg.fields and row_type is not None \
+                and "id" in row_type.model_fields:
+            row["id"] = f"{stem}-{len(rows)}"  # files without ids (the AIME jsonl files)
         for ours, theirs in cfg.fields.items():
             if theirs in row:
                 row[ours] = row.pop(theirs) if theirs != ours else row[theirs]

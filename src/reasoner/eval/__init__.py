@@ -1,0 +1,66 @@
+"""`reasoner eval aime` / `eval bench`: sample k answers per problem, verify, report.
+
+Generation goes through `reasoner infer` into `OUT/samples` and verification through `reasoner
+verify` (no filters) into `OUT/verified`, so a crashed eval resumes where it stopped and never
+regenerates a finished sample. The report (`report.json`, `report.md`, PNG plots) is written
+from the verified rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reasoner import shards
+from reasoner.config import DataConfig, EvalConfig, FilterConfig, InferConfig, VerifyConfig, dump
+from reasoner.eval import metrics, report
+from reasoner.eval.benchmarks import load_problems
+from reasoner.records import Problem, Verified
+
+
+def _write_problems(cfg: EvalConfig, folder: Path) -> None:
+    if not cfg.data:
+        raise ValueError("no benchmark data: give --data FILE or data: [...] in the config")
+    problems = load_problems(cfg.data)
+    if not problems:
+        raise ValueError(f"{', '.join(d.path for d in cfg.data)}: no problems")
+    config = {"data": [d.model_dump(mode="json") for d in cfg.data]}
+    manifest = shards.read_manifest(folder)
+    if manifest and manifest.get("complete") and manifest.get("config") == config:
+        return
+    shards.reset(folder, "eval problems", config)
+    shards.write_rows(folder, (Problem.model_validate(p) for p in problems))
+    shards.finish(folder, {"problems": len(problems)})
+
+
+def run(cfg: EvalConfig, progress: bool = True) -> Path:
+    """Evaluate; return the folder holding report.json / report.md / plots."""
+    from reasoner import infer, verify
+    from reasoner.verify.rules import VerifierPool
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_problems(cfg, out / "problems")
+    samples = infer.run(InferConfig(
+        model=cfg.model, data=DataConfig(path=str(out / "problems")), output_dir=out / "samples",
+        template=cfg.template, sampling=cfg.sampling, backend=cfg.backend,
+        batch_size=cfg.batch_size, max_model_len=cfg.max_model_len, vllm=cfg.vllm,
+        overwrite=True), progress=progress)
+    verified = verify.run(VerifyConfig(
+        input_dir=samples, output_dir=out / "verified", mode=cfg.mode, template=cfg.template,
+        workers=cfg.workers, timeout_s=cfg.timeout_s, judge=cfg.judge,
+        filters=FilterConfig(truncated="negative", dedupe=False, drop_zero_variance=False),
+    ), progress=progress)
+    rows = list(shards.iter_rows(verified, Verified))
+    with VerifierPool(workers=1, timeout_s=cfg.timeout_s) as pool:
+        def same(a: str, b: str) -> bool:
+            return pool.map([(a, b)])[0] is True
+
+        scores = metrics.summarize(rows, same, cfg.length_buckets, cfg.bootstrap, cfg.seed)
+    result = {"benchmark": cfg.benchmark, "model": cfg.model.name_or_path, **scores,
+              "config": dump(cfg)}
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    report.write_markdown(result, out / "report.md")
+    result["plots"] = report.plots(result, rows, out)
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    return out

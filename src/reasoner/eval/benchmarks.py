@@ -1,0 +1,68 @@
+"""Benchmark sources: AIME 2024 / 2025 from the hub or local files, and any problem file.
+
+The hub datasets name their fields differently; each source maps them to Problem rows
+(`id`, `problem`, `answer`). Local files are mapped by what they contain: `problem`,
+`prompt` (the ../shared AIME files) or `question` (GSM8K, AMC); GSM8K's worked `answer`
+is cut to the number after `####`, Minerva's `solution` to its last `\\boxed{}`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reasoner import shards
+from reasoner.config import DataConfig
+from reasoner.data import sources
+from reasoner.records import Problem
+
+AIME = {
+    "2024": [DataConfig(path="HuggingFaceH4/aime_2024", split="train")],
+    "2025": [DataConfig(path="opencompass/AIME2025", subset="AIME2025-I", split="test",
+                        fields={"problem": "question"}),
+             DataConfig(path="opencompass/AIME2025", subset="AIME2025-II", split="test",
+                        fields={"problem": "question"})],
+}
+AIME_NAMES = {"2024": "aime24", "2025": "aime25"}
+
+
+def guess_fields(path: Path) -> dict[str, str]:
+    """Field mapping for a local JSONL problem file (or shard folder), from its first row."""
+    if path.is_dir():
+        parts = shards.part_files(path)
+        if not parts:
+            return {}
+        path = parts[0]
+    if path.suffix != ".jsonl":
+        return {}
+    with open(path) as fh:
+        first = json.loads(fh.readline() or "{}")
+    if "problem" in first:
+        return {}
+    for name in ("prompt", "question"):
+        if name in first:
+            return {"problem": name}
+    return {}
+
+
+def local(path: str | Path, fields: dict[str, str] | None = None) -> DataConfig:
+    path = Path(path)
+    return DataConfig(path=str(path), fields=fields if fields is not None else guess_fields(path))
+
+
+def load_problems(data: list[DataConfig]) -> list[dict]:
+    """Problem rows from every source, with GSM8K / Minerva answers reduced to final values."""
+    from reasoner.verify.extract import extract_answer
+
+    rows = []
+    for cfg in data:
+        for i, r in enumerate(sources.read_rows(cfg)):
+            if "answer" not in r and "solution" in r:
+                r["answer"] = extract_answer(r["solution"])
+            if isinstance(r.get("answer"), str) and "####" in r["answer"]:
+                r["answer"] = r["answer"].split("####")[-1].strip().replace(",", "")
+            tag = Path(cfg.path).stem + (f"-{cfg.subset}" if cfg.subset else "")
+            r["id"] = str(r.get("id", f"{tag}-{i}"))
+            rows.append(shards.validate_row(r, Problem, f"{cfg.path}: row {i + 1}"))
+    return rows
+

@@ -1,0 +1,134 @@
+"""Eval reports a person reads: markdown tables, PNG plots, side-by-side comparisons.
+
+Plots need matplotlib (`pip install 'reasoner[plot]'`); without it they are skipped and the
+report says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reasoner.eval.metrics import paired_bootstrap_diff
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def markdown(r: dict) -> str:
+    lo, hi = r["pass@1_ci95"]
+    lines = [
+        f"# {r['benchmark']}: {r['model']}", "",
+        f"{r['problems']} problems, k = {r['k']} samples each.", "",
+        "| metric | value |", "|---|---|",
+        f"| pass@1 (avg@{r['k']}) | {_pct(r['pass@1'])}% (95% CI {_pct(lo)}-{_pct(hi)}) |",
+        *[f"| pass@{k} | {_pct(v)}% |" for k, v in r["pass@k"].items() if k != "1"],
+        f"| maj@{r['k']} | {_pct(r['maj@k'])}% |",
+        f"| mean / median response tokens | {r['mean_response_tokens']:.0f} / "
+        f"{r['median_response_tokens']:.0f} |",
+        f"| truncation rate | {_pct(r['truncation_rate'])}% |",
+        f"| no answer | {_pct(r['no_answer_rate'])}% |", "",
+        "## Accuracy by response length", "", "| tokens | samples | accuracy |", "|---|---|---|",
+        *[f"| {b['bucket']} | {b['samples']} | {_pct(b['accuracy'])}% |"
+          for b in r["accuracy_by_length"]], "",
+        "## Problems", "", "| id | correct | mean tokens | majority answer | reference |",
+        "|---|---|---|---|---|",
+        *[f"| {p['id']} | {p['correct']}/{p['samples']} | {p['mean_tokens']:.0f} | "
+          f"{p['majority_answer']} {'✓' if p['majority_correct'] else '✗'} | {p['reference']} |"
+          for p in r["per_problem"]],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(r: dict, path: Path) -> None:
+    Path(path).write_text(markdown(r))
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plots(r: dict, rows: list[dict], out: Path) -> list[str] | str:
+    """accuracy_by_length.png, length_hist.png, pass_at_k.png; a note when matplotlib is absent."""
+    plt = _pyplot()
+    if plt is None:
+        return "skipped: matplotlib is not installed (pip install 'reasoner[plot]')"
+    made = []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    buckets = [b for b in r["accuracy_by_length"] if b["samples"]]
+    ax.bar([b["bucket"] for b in buckets], [100 * b["accuracy"] for b in buckets])
+    ax.set(xlabel="response tokens", ylabel="accuracy (%)", title=f"{r['benchmark']}: accuracy by length")
+    made.append(_save(fig, out / "accuracy_by_length.png", plt))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ok = [x["response_tokens"] for x in rows if x["reward"] > 0]
+    bad = [x["response_tokens"] for x in rows if x["reward"] <= 0]
+    ax.hist([ok, bad], bins=30, label=["correct", "incorrect"], stacked=False)
+    ax.set(xlabel="response tokens", ylabel="samples", title="response length")
+    ax.legend()
+    made.append(_save(fig, out / "length_hist.png", plt))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ks = [int(k) for k in r["pass@k"]]
+    ax.plot(ks, [100 * v for v in r["pass@k"].values()], marker="o")
+    ax.set(xscale="log", xlabel="k", ylabel="pass@k (%)", title="pass@k")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    made.append(_save(fig, out / "pass_at_k.png", plt))
+    return made
+
+
+def _save(fig, path: Path, plt) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def compare(paths: list[Path], out: Path | None = None, resamples: int = 1000) -> dict:
+    """Reports side by side: pass@1 differences vs the first, with a paired bootstrap interval."""
+    reports = [json.loads((Path(p) / "report.json" if Path(p).is_dir() else Path(p)).read_text())
+               for p in paths]
+    base = reports[0]
+    base_acc = {p["id"]: p["accuracy"] for p in base["per_problem"]}
+    rows = []
+    for p, r in zip(paths, reports, strict=True):
+        acc = {q["id"]: q["accuracy"] for q in r["per_problem"]}
+        common = sorted(set(acc) & set(base_acc))
+        diff = r["pass@1"] - base["pass@1"]
+        lo, hi = paired_bootstrap_diff([base_acc[i] for i in common], [acc[i] for i in common],
+                                       resamples) if r is not base else (0.0, 0.0)
+        rows.append({"name": str(p), "benchmark": r["benchmark"], "pass@1": r["pass@1"],
+                     "pass@1_ci95": r["pass@1_ci95"], "maj@k": r["maj@k"],
+                     "mean_response_tokens": r["mean_response_tokens"], "diff": diff,
+                     "diff_ci95": [lo, hi], "significant": r is not base and (lo > 0 or hi < 0),
+                     "common_problems": len(common)})
+    md = ["| run | pass@1 | 95% CI | maj@k | mean tokens | Δ pass@1 vs first | Δ 95% CI | outside CI |",
+          "|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        md.append(f"| {x['name']} | {_pct(x['pass@1'])} | {_pct(x['pass@1_ci95'][0])}-"
+                  f"{_pct(x['pass@1_ci95'][1])} | {_pct(x['maj@k'])} | {x['mean_response_tokens']:.0f}"
+                  f" | {100 * x['diff']:+.1f} | {100 * x['diff_ci95'][0]:+.1f} to "
+                  f"{100 * x['diff_ci95'][1]:+.1f} | {'yes' if x['significant'] else 'no'} |")
+    result = {"runs": rows, "markdown": "\n".join(md) + "\n"}
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "compare.md").write_text(result["markdown"])
+        plt = _pyplot()
+        if plt is not None:
+            fig, ax = plt.subplots(figsize=(6, 3.5))
+            names = [Path(x["name"]).name or x["name"] for x in rows]
+            vals = [100 * x["pass@1"] for x in rows]
+            err = [[100 * (x["pass@1"] - x["pass@1_ci95"][0]) for x in rows],
+                   [100 * (x["pass@1_ci95"][1] - x["pass@1"]) for x in rows]]
+            ax.bar(names, vals, yerr=err, capsize=4)
+            ax.set(ylabel="pass@1 (%)", title="comparison (95% bootstrap CI)")
+            result["plot"] = _save(fig, out / "compare.png", plt)
+    return result
