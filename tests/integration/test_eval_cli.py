@@ -52,7 +52,7 @@ def test_eval_bench_report_recomputed_independently(quickstart_sft, tmp_path):
         expect = sum(brute_pass(v, int(k)) for v in ok.values()) / 400
         assert report["pass@k"][k] == pytest.approx(expect)
     maj = 0
-    for pid, g in groups.items():
+    for g in groups.values():
         answers = [extract_answer(s["response"]) for s in g]
         counts = Counter(a for a in answers if a is not None)
         if counts:
