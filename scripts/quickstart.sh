@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The CPU quickstart: the whole pipeline on a tiny model built from scratch, on synthetic data.
-# Usage: bash scripts/quickstart.sh [RUN_DIR]   (default runs/quickstart)
+# The CPU quickstart: the pipeline on a tiny model built from scratch, on synthetic data.
+# Usage: bash scripts/quickstart.sh [RUN_DIR]   (default runs/quickstart; ~6 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/quickstart}
-reasoner data synth configs/quickstart/data_synth.yaml output_dir="$RUN/data"
-reasoner model tiny configs/quickstart/tiny_model.yaml output_dir="$RUN/tiny-init" corpus="[$RUN/data/sft]"
+Q=configs/quickstart
+reasoner data synth $Q/data_synth.yaml output_dir="$RUN/data"
+reasoner model tiny $Q/tiny_model.yaml output_dir="$RUN/tiny-init" corpus="[$RUN/data/sft]"
+reasoner sft $Q/sft.yaml model.name_or_path="$RUN/tiny-init" data.path="$RUN/data/sft" output_dir="$RUN/sft"
+reasoner eval bench $Q/eval.yaml model.name_or_path="$RUN/sft/final" --data "$RUN/data/test_problems" --out "$RUN/eval/sft"
+reasoner infer $Q/infer.yaml model.name_or_path="$RUN/sft/final" data.path="$RUN/data/train_problems" output_dir="$RUN/samples"
+reasoner verify $Q/verify.yaml input_dir="$RUN/samples" output_dir="$RUN/verified"
