@@ -16,6 +16,7 @@ from reasoner.config import (
     ConfigError,
     EvalConfig,
     InferConfig,
+    OfflineConfig,
     SFTConfig,
     SynthConfig,
     TinyConfig,
@@ -47,6 +48,7 @@ OverridesArg = Annotated[
 # Which config model each command reads (tests load every shipped YAML through this).
 CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
                                   "sft": SFTConfig, "infer": InferConfig, "verify": VerifyConfig,
+                                  "train-offline": OfflineConfig,
                                   "eval aime": EvalConfig, "eval bench": EvalConfig}
 
 # Errors a user can fix from the message alone: printed without a traceback.
@@ -195,6 +197,20 @@ def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
     rows.append(("out", f"{c.get('problems')} problems, {c.get('samples')} samples "
                         f"({c.get('positives')} positive, {c.get('negatives')} negative)"))
     summary("verify", rows)
+
+
+@app.command("train-offline")
+def train_offline(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Offline RL on verified rollouts: pcl (published), rft, oreal, dapo/prorl, discounted."""
+    from reasoner import shards
+    from reasoner import train_offline as stage
+
+    cfg = load_config("train-offline", OfflineConfig, config, overrides)
+    final = run_stage("train-offline", lambda: stage.run(cfg))
+    counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
+    if _is_main():
+        summary("train-offline", [(k.replace("_", " "), v) for k, v in counts.items()]
+                or [("model", final)])
 
 
 eval_app = typer.Typer(help="Evaluate models: AIME, any benchmark file, comparisons.",

@@ -330,6 +330,88 @@ class EvalConfig(Strict):
     seed: int = Field(0, description="bootstrap seed")
 
 
+class ObjectiveConfig(Strict):
+    """Which offline objective trains on the verified rollouts, and its settings."""
+
+    name: Literal["pcl", "rft", "oreal", "dapo", "prorl", "discounted"] = Field(
+        "pcl", description="pcl: PCL-Reasoner-V1.5 (default); rft: SFT on positives; oreal; "
+        "dapo / prorl: clipped policy gradient; discounted: length-efficient RL"
+    )
+    # --- options on top of the published pcl objective (all off = exactly as published)
+    neg_weight: float = Field(
+        1.0, ge=0, description="pcl: scale of the negatives' term (1 = published)"
+    )
+    balance: bool = Field(
+        False, description="pcl: weigh each group's negatives by p/(1-p) (p = group accuracy) so "
+        "they carry the weight of its positives (off = published)"
+    )
+    neg_scope: Literal["all", "divergent", "first"] = Field(
+        "all", description="pcl: tokens a negative is pushed down on: all (published); divergent: "
+        "from where it leaves every correct response of its group on; first: that token only"
+    )
+    baseline: Literal["none", "group"] = Field(
+        "none", description="pcl: use R - mean of its group instead of R (none = published)"
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="KL (k3) to the reference (starting) model; 0 = none"
+    )
+    # --- clipped policy gradient (dapo, prorl, discounted)
+    advantage: Literal["grpo", "rloo", "none"] = Field("grpo", description="group advantage")
+    eps_low: float = Field(0.2, ge=0, description="lower clip range (DAPO: 0.2)")
+    eps_high: float = Field(0.28, ge=0, description="upper clip range (DAPO: 0.28; ProRL: 0.4)")
+    agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="how token losses are averaged"
+    )
+    old_logprobs: Literal["samples", "recompute"] = Field(
+        "samples", description="behaviour log-probs: those stored by infer, or the starting "
+        "model's computed once (used anyway when the samples lack them and this is allowed)"
+    )
+    allow_recompute: bool = Field(
+        True, description="compute the starting model's log-probs when samples lack them"
+    )
+    logprob_temperature: float = Field(
+        1.0, gt=0, description="divide logits by this when scoring (match the sampling temperature)"
+    )
+    overlong_max_len: int | None = Field(None, ge=1, description="soft overlong: max length (DAPO 20480)")
+    overlong_cache_len: int = Field(4096, ge=1, description="soft overlong: penalty ramp (DAPO 4096)")
+    overlong_factor: float = Field(1.0, ge=0, description="soft overlong: penalty at max length")
+    reset_every: int | None = Field(
+        None, ge=1, description="prorl: every N steps reference <- policy and optimiser state cleared"
+    )
+    # --- discounted
+    gamma: float = Field(0.999, gt=0, le=1, description="discounted: reward gamma^K (K think tokens)")
+    format_reward: float = Field(0.0, description="discounted: undiscounted reward for a final answer")
+    ref_update_every: int | None = Field(
+        None, ge=1, description="discounted: moving reference, updated every M steps"
+    )
+    ref_alpha: float = Field(0.1, ge=0, le=1, description="moving reference: ref <- a*pi + (1-a)*ref")
+    # --- oreal
+    eta: float = Field(0.5, ge=0, description="oreal: weight of the negatives' term")
+    beta: float = Field(0.01, ge=0, description="oreal: KL (k3) coefficient")
+    token_weights: Literal["rm", "uniform"] = Field(
+        "rm", description="oreal: token weights from a token reward model, or all 1"
+    )
+    rm_lr: float = Field(1e-5, gt=0, description="oreal: token reward model learning rate")
+
+
+class OfflineConfig(Strict):
+    """`reasoner train-offline`: train on a fixed, verified rollout set."""
+
+    model: ModelConfig = Field(..., description="policy to train (usually the SFT model)")
+    input_dir: Path = Field(..., description="Verified shard from `reasoner verify`")
+    output_dir: Path = Field(..., description="checkpoints, metrics and the final model")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="tag names")
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig, description="objective")
+    max_tokens: int = Field(51200, ge=2, description="drop samples longer than this (recipe: 51,200)")
+    packing: bool = Field(True, description="pack samples into seq_len rows; false = padded")
+    seq_len: int = Field(8192, ge=2, description="tokens per packed row")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
+    run: RunConfig = Field(
+        default_factory=lambda: RunConfig(global_batch=128),
+        description="global_batch counts samples here; micro_batch counts rows",
+    )
+
+
 class TinyConfig(Strict):
     """`reasoner model tiny`: build a tiny Qwen2 model and BPE tokenizer from scratch."""
 

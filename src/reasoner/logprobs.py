@@ -65,10 +65,11 @@ class PolicyLogprobs(nn.Module):
     embeddings, final norm and lm-head weight are gathered for this forward like any other.
     """
 
-    def __init__(self, model: nn.Module, chunk_size: int = 4096):
+    def __init__(self, model: nn.Module, chunk_size: int = 4096, temperature: float = 1.0):
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
+        self.temperature = temperature  # logits / T: score like the sampler at temperature T
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
                 labels: Tensor) -> Tensor:
@@ -77,5 +78,5 @@ class PolicyLogprobs(nn.Module):
                                attention_mask=attention_mask, use_cache=False)
         hidden = out.last_hidden_state  # (B, T, H)
         keep = labels >= 0  # (B, T)
-        return token_logprobs(hidden[keep], self.model.lm_head.weight, labels[keep],
-                              self.chunk_size)  # (N,)
+        h = hidden[keep] if self.temperature == 1.0 else hidden[keep] / self.temperature  # (N, H)
+        return token_logprobs(h, self.model.lm_head.weight, labels[keep], self.chunk_size)  # (N,)

@@ -1,0 +1,165 @@
+"""Every objective, as pure functions on tensors (DESIGN section 5).
+
+Layout: token tensors are flat over the response tokens of a batch. `logp`, `old_logp`,
+`ref_logp`, `weights` are (N,); `sample_index` (N,) says which of the B samples each token
+belongs to (0..B-1). Per-sample tensors are (B,). The same layout serves padded and packed
+batches. Every loss returns `(loss, metrics)` with plain-float metrics.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _f(x: Tensor) -> float:
+    return float(x.detach())
+
+
+def segment_sum(x: Tensor, sample_index: Tensor, num_samples: int) -> Tensor:
+    """Per-sample sum of token values, (B,)."""
+    return torch.zeros(num_samples, dtype=x.dtype, device=x.device).index_add(0, sample_index, x)
+
+
+def segment_mean(x: Tensor, sample_index: Tensor, num_samples: int) -> Tensor:
+    """Per-sample mean of token values, (B,); a sample with no tokens gets 0."""
+    counts = torch.zeros(num_samples, dtype=x.dtype, device=x.device).index_add(
+        0, sample_index, torch.ones_like(x))
+    return segment_sum(x, sample_index, num_samples) / counts.clamp(min=1)
+
+
+def pcl_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor) -> tuple[Tensor, dict]:
+    """PCL-Reasoner-V1.5 offline objective: mean_i [-R_i * exp(mean_t log p_t(y_i))].
+
+    The geometric-mean token probability of each response, pushed up for R = +1 and down for
+    R = -1; no importance sampling, clipping or KL; every sample weighs the same whatever its
+    length. (PCL-Reasoner-V1.5 technical report, 2025.)
+    """
+    geo = segment_mean(logp, sample_index, rewards.shape[0]).exp()  # (B,)
+    loss = (-rewards * geo).mean()
+    pos, neg = rewards > 0, rewards < 0
+    return loss, {
+        "loss": _f(loss),
+        "geo_prob_pos": _f(geo[pos].mean()) if pos.any() else float("nan"),
+        "geo_prob_neg": _f(geo[neg].mean()) if neg.any() else float("nan"),
+    }
+
+
+def rft_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor) -> tuple[Tensor, dict]:
+    """Rejection-sampling fine-tuning: token-mean NLL over the positive samples only.
+
+    The baseline every RL result is compared with (Yuan et al. 2023, "Scaling relationship on
+    learning mathematical reasoning with LLMs"). No positives: a zero loss.
+    """
+    pos_tok = rewards[sample_index] > 0  # (N,)
+    n = pos_tok.sum()
+    loss = -(logp * pos_tok).sum() / n.clamp(min=1)
+    return loss, {"loss": _f(loss), "pos_tokens": _f(n)}
+
+
+def group_advantages(rewards: Tensor, group_index: Tensor, mode: str = "grpo") -> Tensor:
+    """(B,) -> (B,) advantages within groups (samples of one problem).
+
+    `grpo`: (r - mean_g) / (std_g + 1e-6), unbiased std (Shao et al. 2024, DeepSeekMath);
+    `rloo`: r - mean of the other members (Ahmadian et al. 2024); `none`: r - mean_g.
+    A group of one gets 0.
+    """
+    groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    ones = torch.ones_like(rewards)
+    count = torch.zeros(groups, dtype=rewards.dtype, device=rewards.device).index_add(0, group_index, ones)
+    total = torch.zeros_like(count).index_add(0, group_index, rewards)
+    n, s = count[group_index], total[group_index]  # (B,)
+    mean = s / n
+    if mode == "none":
+        adv = rewards - mean
+    elif mode == "rloo":
+        adv = rewards - (s - rewards) / (n - 1).clamp(min=1)
+    elif mode == "grpo":
+        sq = torch.zeros_like(count).index_add(0, group_index, (rewards - mean) ** 2)[group_index]
+        std = (sq / (n - 1).clamp(min=1)).sqrt()
+        adv = (rewards - mean) / (std + 1e-6)
+    else:
+        raise ValueError(f"unknown advantage mode {mode!r}: grpo, rloo or none")
+    return torch.where(n > 1, adv, torch.zeros_like(adv))
+
+
+def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_index: Tensor,
+                    eps_low: float = 0.2, eps_high: float = 0.28, agg: str = "token-mean"
+                    ) -> tuple[Tensor, dict]:
+    """PPO-style clipped policy gradient with decoupled clip range (DAPO, Yu et al. 2025).
+
+    Per token: max(-rho*A, -clip(rho, 1-eps_low, 1+eps_high)*A), rho = exp(logp - old_logp),
+    A = advantages[sample]. `token-mean`: mean over all N tokens (DAPO); `seq-mean-token-mean`:
+    mean over samples of each sample's token mean.
+    """
+    ratio = (logp - old_logp).exp()  # (N,)
+    adv = advantages[sample_index]  # (N,)
+    unclipped = -ratio * adv
+    clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * adv
+    per_token = torch.maximum(unclipped, clipped)  # (N,)
+    if agg == "token-mean":
+        loss = per_token.mean()
+    elif agg == "seq-mean-token-mean":
+        loss = segment_mean(per_token, sample_index, advantages.shape[0]).mean()
+    else:
+        raise ValueError(f"unknown aggregation {agg!r}: token-mean or seq-mean-token-mean")
+    with torch.no_grad():
+        clip_frac = (clipped > unclipped).float().mean()
+    return loss, {"loss": _f(loss), "clip_frac": _f(clip_frac), "ratio_mean": _f(ratio.mean()),
+                  "ratio_max": _f(ratio.max()), "ratio_min": _f(ratio.min())}
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token KL estimate to the reference, (N,) (Schulman 2020, "Approximating KL").
+
+    k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1.
+    """
+    d = logp - ref_logp
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d * d
+    if kind == "k3":
+        return (-d).exp() + d - 1
+    raise ValueError(f"unknown KL estimator {kind!r}: k1, k2 or k3")
+
+
+def oreal_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, rewards: Tensor,
+               group_accuracy: Tensor, token_weights: Tensor, eta: float = 0.5, beta: float = 0.01
+               ) -> tuple[Tensor, dict]:
+    """OREAL (Lyu et al. 2025, "Exploring the limit of outcome reward for learning mathematical
+    reasoning"): behaviour cloning on positives, reshaped policy gradient on negatives, KL.
+
+    With m_i = mean over sample i's tokens, w = token_weights (omega+ on positive samples,
+    omega- on negative ones) and p_i the group accuracy of sample i:
+      L = mean_i [ 1[R_i>0] * -m_i(w * logp) + eta * 1[R_i<0] * p_i/(1-p_i) * m_i(w * logp) ]
+          + beta * mean_i m_i(k3(logp, ref_logp))
+    The p/(1-p) factor gives the negatives of a group the total weight of its positives.
+    """
+    B = rewards.shape[0]
+    weighted = segment_mean(token_weights * logp, sample_index, B)  # (B,)
+    p = group_accuracy.clamp(0.0, 1 - 1e-6)
+    pos, neg = (rewards > 0).to(logp.dtype), (rewards < 0).to(logp.dtype)
+    bc = -(pos * weighted)  # (B,)
+    pg = eta * neg * (p / (1 - p)) * weighted  # (B,)
+    kl = segment_mean(kl_penalty(logp, ref_logp, "k3"), sample_index, B)  # (B,)
+    loss = (bc + pg + beta * kl).mean()
+    return loss, {"loss": _f(loss), "bc": _f(bc.mean()), "neg_pg": _f(pg.mean()),
+                  "kl": _f(kl.mean())}
+
+
+def soft_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, factor: float = 1.0
+                          ) -> Tensor:
+    """DAPO's soft overlong punishment, (B,): 0 up to max_len - cache_len, then linear down to
+    -factor at max_len, -factor beyond."""
+    start = max_len - cache_len
+    over = (lengths.to(torch.float32) - start).clamp(min=0) / max(cache_len, 1)
+    return -factor * over.clamp(max=1.0)
+
+
+def discounted_reward(correct: Tensor, reasoning_tokens: Tensor, gamma: float,
+                      format_reward: Tensor | float = 0.0) -> Tensor:
+    """(B,): gamma^K * 1[correct] + r_f, K = tokens inside the think span; r_f undiscounted
+    (length-efficient RL with a discount factor, e.g. Arora & Zanette 2025)."""
+    k = reasoning_tokens.to(torch.float32)
+    return torch.pow(torch.tensor(gamma, dtype=torch.float32), k) * correct.to(torch.float32) + format_reward

@@ -1,0 +1,180 @@
+import pytest
+import torch
+
+from reasoner import infer, shards
+from reasoner import train_offline as T
+from reasoner.config import InferConfig, OfflineConfig
+from reasoner.records import Sample, Verified
+
+
+@pytest.fixture(scope="module")
+def verified_dir(tmp_path_factory, synth_dir, tiny_model_dir):
+    """A Verified shard with mixed rewards (planted: the tiny model is random)."""
+    root = tmp_path_factory.mktemp("verified")
+    samples = infer.run(InferConfig.model_validate({
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"path": str(synth_dir / "test_problems"), "limit": 6},
+        "output_dir": str(root / "samples"), "backend": "hf",
+        "sampling": {"n": 4, "max_tokens": 12, "temperature": 1.0, "logprobs": True}}),
+        progress=False)
+    rows = []
+    for s in shards.iter_rows(samples, Sample):
+        reward = 1.0 if (s["sample_idx"] + len(s["id"])) % 3 == 0 else -1.0
+        rows.append(Verified(**s, extracted="1", verdict="correct" if reward > 0 else "incorrect",
+                             reward=reward, verifier="rule", group_size=4, group_accuracy=0.25,
+                             reasoning_tokens=3))
+    out = root / "verified"
+    shards.write_rows(out, rows)
+    shards.finish(out, {"samples": len(rows)})
+    return out
+
+
+def cfg_for(model_dir, verified, out, **kw):
+    base = {"model": {"name_or_path": str(model_dir)}, "input_dir": str(verified),
+            "output_dir": str(out), "seq_len": 256, "max_tokens": 256,
+            "run": {"global_batch": 8, "max_steps": 2, "progress": False}}
+    base.update(kw)
+    return OfflineConfig.model_validate(base)
+
+
+def grads_for(cfg, model_dir, cut):
+    """Gradient of one global batch of all samples, micro-batches as `cut` says."""
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.logprobs import PolicyLogprobs
+    from reasoner.models import load_tokenizer
+
+    tok = load_tokenizer(str(model_dir))
+    data = T.load_rollouts(cfg, tok)
+    obj = cfg.objective
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    policy = PolicyLogprobs(model, 64)
+    lp = data.old_logp
+    ctx = T.Ctx(cfg, data, T.sample_signal(obj, data).double(), T.token_scope(data, obj), lp, lp,
+                tok.pad_token_id, torch.device("cpu"), torch.float64)
+    idx = list(range(len(data.ids)))
+    norm = T.Norm(len(idx), sum(data.resp_len(i) for i in idx),
+                  sum(data.resp_len(i) for i in idx if data.rewards[i] > 0))
+    mbs = T.micro_batches(idx, data, cfg)
+    rows = [r for mb in mbs for r in mb]
+    for chunk in cut(rows):
+        T.micro_loss(ctx, policy, chunk, norm, 1.0)
+    return {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("objective", [
+    {"name": "pcl"}, {"name": "rft"}, {"name": "dapo"}, {"name": "pcl", "neg_scope": "first"},
+    {"name": "dapo", "agg": "seq-mean-token-mean", "kl_coef": 0.1}, {"name": "discounted"},
+    {"name": "oreal", "token_weights": "uniform"},
+])
+def test_gradient_independent_of_micro_batches_and_packing(tmp_path, tiny_model_dir, verified_dir,
+                                                           objective):
+    packed = cfg_for(tiny_model_dir, verified_dir, tmp_path, objective=objective, packing=True)
+    padded = cfg_for(tiny_model_dir, verified_dir, tmp_path, objective=objective, packing=False)
+    whole = grads_for(packed, tiny_model_dir, lambda rows: [rows])
+    per_row = grads_for(packed, tiny_model_dir, lambda rows: [[r] for r in rows])
+    pad_one = grads_for(padded, tiny_model_dir, lambda rows: [rows])
+    pad_four = grads_for(padded, tiny_model_dir, lambda rows: [rows[i::4] for i in range(4)])
+    for name, ref in whole.items():
+        for other in (per_row, pad_one, pad_four):
+            assert torch.allclose(other[name], ref, atol=1e-10, rtol=1e-7), name
+
+
+def test_divergence_spares_shared_prefixes():
+    r = T.Rollouts(keys=[("a", 0), ("a", 1), ("a", 2)], ids=[[9, 1, 2, 3], [9, 1, 2, 4], [9, 5, 6]],
+                   prompt_lens=[1, 1, 1], rewards=torch.tensor([1.0, -1.0, -1.0]),
+                   groups=torch.tensor([0, 0, 0]), group_acc=torch.full((3,), 1 / 3),
+                   reasoning=torch.zeros(3), has_answer=torch.ones(3, dtype=torch.bool),
+                   old_logp=None, dropped=0)
+    assert T.divergence(r) == [0, 2, 0]
+    obj = OfflineConfig.model_validate({"model": {"name_or_path": "x"}, "input_dir": "x",
+                                        "output_dir": "x", "objective": {"neg_scope": "first"}}).objective
+    assert T.token_scope(r, obj) == [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0]]
+
+
+def test_running_mean_and_token_weights():
+    x = torch.tensor([1.0, 3.0, 2.0, -2.0, 4.0])
+    idx = torch.tensor([0, 0, 1, 1, 1])
+    assert T.running_mean(x, idx).tolist() == pytest.approx([1.0, 2.0, 2.0, 0.0, 4 / 3])
+    w = T.token_weights(torch.tensor([10.0, -10.0]), torch.tensor([0, 1]), torch.tensor([1.0, -1.0]))
+    assert w.tolist() == pytest.approx([2 * torch.sigmoid(torch.tensor(10.0)).item() - 1,
+                                        1 - 2 * torch.sigmoid(torch.tensor(-10.0)).item()])
+
+
+def test_token_reward_model_learns_the_deciding_tokens(tiny_model_dir):
+    """Responses are noise except one token: 'bad' at a random place iff the answer is wrong.
+
+    After training, negatives' weights (w-) sit on and after that token, not before it.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.data.packing import collate_padded
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rm = T.TokenRewardModel(model)
+    opt = torch.optim.AdamW(rm.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    BAD = 7
+
+    def batch(n: int = 16):
+        samples, rewards, where = [], [], []
+        for k in range(n):
+            resp = (torch.randint(20, 200, (12,), generator=g)).tolist()
+            wrong = k % 2 == 1
+            pos = int(torch.randint(3, 9, (1,), generator=g))
+            if wrong:
+                resp[pos] = BAD
+            samples.append(([1, 2, 3] + resp, [False] * 3 + [True] * 12))
+            rewards.append(-1.0 if wrong else 1.0)
+            where.append(pos)
+        return collate_padded(samples, 0), torch.tensor(rewards), where
+
+    for _ in range(60):
+        b, rewards, _ = batch()
+        scores = rm(b)
+        idx = b.sample_index[b.labels >= 0]
+        seq = T.losses.segment_mean(scores, idx, len(rewards))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(seq, (rewards > 0).float())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    b, rewards, where = batch(32)
+    with torch.no_grad():
+        scores = rm(b)
+    idx = b.sample_index[b.labels >= 0]
+    w = T.token_weights(scores, idx, rewards)
+    before, after = [], []
+    for s in range(32):
+        if rewards[s] > 0:
+            continue
+        ws = w[idx == s]  # weight of the token predicted at each position: position t holds token t+1
+        bad_at = where[s] + 3 - 1 - 2  # response offset -> label position within the response
+        before += ws[:bad_at].tolist()
+        after += ws[bad_at + 1:].tolist()
+    assert sum(after) / len(after) > 0.3 + sum(before) / len(before)
+
+
+def test_bad_inputs(tmp_path, tiny_model_dir, verified_dir, synth_dir):
+    from reasoner.sft import TrainingError
+
+    no_reward = tmp_path / "nr"
+    rows = [r for r in shards.iter_rows(verified_dir)]
+    shards.write_rows(no_reward, [{k: v for k, v in r.items() if k != "reward"} for r in rows])
+    shards.finish(no_reward, {})
+    with pytest.raises(shards.ShardError, match='missing field "reward"'):
+        T.run(cfg_for(tiny_model_dir, no_reward, tmp_path / "o1"))
+    no_lp = tmp_path / "nolp"
+    shards.write_rows(no_lp, [{k: v for k, v in r.items() if k not in ("logprobs", "token_ids")}
+                              for r in rows])
+    shards.finish(no_lp, {})
+    with pytest.raises(TrainingError, match="sampling.logprobs=true"):
+        T.run(cfg_for(tiny_model_dir, no_lp, tmp_path / "o2",
+                      objective={"name": "dapo", "allow_recompute": False}))
+    out = T.run(cfg_for(tiny_model_dir, no_lp, tmp_path / "o3", objective={"name": "dapo"}))
+    assert (out / "model.safetensors").exists()
+    assert shards.is_complete(tmp_path / "o3" / "ref_logprobs")  # computed once, cached
+    with pytest.raises(TrainingError, match="non-finite loss .* at step 2"):
+        T.run(cfg_for(tiny_model_dir, verified_dir, tmp_path / "o4", optim={"lr": 1e30,
+              "grad_clip": None}, objective={"name": "rft"}, run={"global_batch": 8, "max_steps": 3,
+                                                               "progress": False}))
