@@ -1,32 +1,9 @@
 import pytest
 import torch
 
-from reasoner import infer, shards
+from reasoner import shards
 from reasoner import train_offline as T
-from reasoner.config import InferConfig, OfflineConfig
-from reasoner.records import Sample, Verified
-
-
-@pytest.fixture(scope="module")
-def verified_dir(tmp_path_factory, synth_dir, tiny_model_dir):
-    """A Verified shard with mixed rewards (planted: the tiny model is random)."""
-    root = tmp_path_factory.mktemp("verified")
-    samples = infer.run(InferConfig.model_validate({
-        "model": {"name_or_path": str(tiny_model_dir)},
-        "data": {"path": str(synth_dir / "test_problems"), "limit": 6},
-        "output_dir": str(root / "samples"), "backend": "hf",
-        "sampling": {"n": 4, "max_tokens": 12, "temperature": 1.0, "logprobs": True}}),
-        progress=False)
-    rows = []
-    for s in shards.iter_rows(samples, Sample):
-        reward = 1.0 if (s["sample_idx"] + len(s["id"])) % 3 == 0 else -1.0
-        rows.append(Verified(**s, extracted="1", verdict="correct" if reward > 0 else "incorrect",
-                             reward=reward, verifier="rule", group_size=4, group_accuracy=0.25,
-                             reasoning_tokens=3))
-    out = root / "verified"
-    shards.write_rows(out, rows)
-    shards.finish(out, {"samples": len(rows)})
-    return out
+from reasoner.config import OfflineConfig
 
 
 def cfg_for(model_dir, verified, out, **kw):

@@ -1,0 +1,69 @@
+"""`reasoner train-offline` in subprocesses: resume after SIGKILL, 1 vs 2 processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def args(model, verified, out, *extra):
+    return ["train-offline", str(REPO / "configs/quickstart/train_offline.yaml"),
+            f"model.name_or_path={model}", f"input_dir={verified}", f"output_dir={out}",
+            "seq_len=256", "max_tokens=256", "run.global_batch=6", "run.max_steps=6",
+            "run.progress=false", "optim.lr=1e-3", *extra]
+
+
+def reasoner(*a):
+    return subprocess.run([sys.executable, "-m", "reasoner", *a], capture_output=True, text=True,
+                          timeout=600, env=ENV)
+
+
+def same(a: Path, b: Path, atol: float) -> bool:
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=atol, rtol=0) for k in x)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_dir):
+    ref = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "ref", "objective.name=dapo"))
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "reasoner", *args(tiny_model_dir, verified_dir, out,
+                                                    "objective.name=dapo", "run.save_every=2",
+                                                    "run.keep_last=5")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.time() + 300
+    while not (out / "checkpoint-2").exists():
+        assert proc.poll() is None and time.time() < deadline, "ended before checkpoint-2"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = reasoner(*args(tiny_model_dir, verified_dir, out, "objective.name=dapo",
+                           "run.save_every=2", "run.keep_last=5"))
+    assert again.returncode == 0, again.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["counts"]["resumed_from"] >= 2
+    assert same(out / "final", tmp_path / "ref" / "final", 1e-6)
+    assert "objective" in again.stderr and "dapo" in again.stderr
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir):
+    one = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "one", "run.max_steps=3"))
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29614",
+         "-m", "reasoner", *args(tiny_model_dir, verified_dir, tmp_path / "two", "run.max_steps=3")],
+        capture_output=True, text=True, timeout=600, env=ENV)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
