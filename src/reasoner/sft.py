@@ -149,10 +149,7 @@ def run(cfg: SFTConfig) -> Path:
     manifest = shards.read_manifest(out)
     if manifest and manifest.get("complete") and manifest.get("config") == config:
         return out / "final"
-    device = dev.pick_device(cfg.model.device)
-    dist = dev.init_distributed(device)
-    dtype = dev.pick_dtype(cfg.model.dtype, device)
-    torch.manual_seed(cfg.run.seed)
+    device, dist, dtype = training.setup(cfg.model.device, cfg.model.dtype, cfg.run.seed)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer)
     rows = plan_rows(data, cfg)
@@ -233,14 +230,7 @@ def run(cfg: SFTConfig) -> Path:
                                           dist)
     metrics.close()
     if dist.is_main:
-        final = out / "final"
-        tmp = out / ".final.tmp"
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(final_ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*"))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        final = training.publish_final(out, final_ckpt)
         summary = {
             "steps": total, "resumed_from": start, "examples": len(data.ids),
             "dropped_over_max_tokens": data.dropped, "rows": len(rows),

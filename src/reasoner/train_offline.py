@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,10 +249,7 @@ def run(cfg: OfflineConfig) -> Path:
     manifest = shards.read_manifest(out)
     if manifest and manifest.get("complete") and manifest.get("config") == config:
         return out / "final"
-    device = dev.pick_device(cfg.model.device)
-    dist = dev.init_distributed(device)
-    dtype = dev.pick_dtype(cfg.model.dtype, device)
-    torch.manual_seed(cfg.run.seed)
+    device, dist, dtype = training.setup(cfg.model.device, cfg.model.dtype, cfg.run.seed)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = load_rollouts(cfg, tokenizer)
     signal = sample_signal(obj, data)
@@ -314,9 +310,8 @@ def run(cfg: OfflineConfig) -> Path:
                 training.set_grad_sync(policy, j == n_mb - 1)
                 loss, parts, real = micro_loss(ctx, policy, rows, norm, dist.world_size * weight)
                 sums["loss"] = sums.get("loss", 0.0) + loss * weight
-                for k, v in parts.items():
-                    if k != "loss" and math.isfinite(v):
-                        sums[k] = sums.get(k, 0.0) + v * weight
+                for k, v in parts.items():  # same keys on every process: the reduce needs them
+                    sums[k] = sums.get(k, 0.0) + (v * weight if math.isfinite(v) else 0.0)
                 seen += real * weight
             keys = sorted(sums)
             reduced = dict(zip(keys, training.all_reduce_sum([sums[k] for k in keys], dist), strict=True))
@@ -347,7 +342,7 @@ def run(cfg: OfflineConfig) -> Path:
                                      {}, cfg.run.keep_last, dist)
     metrics.close()
     if dist.is_main:
-        _publish_final(out, final)
+        training.publish_final(out, final)
         pos = int((data.rewards > 0).sum())
         shards.update_manifest(out, complete=True, counts={
             "objective": obj.name, "steps": total, "resumed_from": first,
@@ -388,11 +383,3 @@ def _plain_state(policy: nn.Module) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True))
-
-
-def _publish_final(out: Path, ckpt: Path) -> None:
-    final, tmp = out / "final", out / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*"))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)

@@ -231,6 +231,26 @@ def load_checkpoint_state(ckpt: Path, policy: nn.Module, optimizer: torch.optim.
     return state
 
 
+def publish_final(out_dir: Path, ckpt: Path) -> Path:
+    """Copy the last checkpoint's HF files to `out_dir/final` (atomically: tmp, then rename)."""
+    final, tmp = Path(out_dir) / "final", Path(out_dir) / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*"))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def setup(device_pref: str, dtype_pref: str, seed: int) -> tuple[torch.device, DistInfo, torch.dtype]:
+    """Device, process group and compute dtype of a training run; seeds torch."""
+    from reasoner import device as dev
+
+    device = dev.pick_device(device_pref)
+    dist = dev.init_distributed(device)
+    torch.manual_seed(seed)
+    return device, dist, dev.pick_dtype(dtype_pref, device)
+
+
 # --------------------------------------------------------------------------------------------
 # Metrics and progress
 

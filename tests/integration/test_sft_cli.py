@@ -57,7 +57,7 @@ def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model
     assert manifest["complete"] and manifest["counts"]["resumed_from"] >= 4
     assert same(weights(out / "final"), weights(tmp_path / "ref" / "final"), atol=1e-6)
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 9))  # metrics logged once per step, resume included
+    assert steps == list(range(1, len(steps) + 1)) and steps[-1] == manifest["counts"]["steps"]
 
 
 @pytest.mark.slow
