@@ -196,6 +196,9 @@ def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
         rows.append(("rule x judge", ", ".join(f"{k}: {v}" for k, v in manifest["agreement"].items())))
     rows.append(("out", f"{c.get('problems')} problems, {c.get('samples')} samples "
                         f"({c.get('positives')} positive, {c.get('negatives')} negative)"))
+    if c.get("samples_per_s"):
+        rows.append(("throughput", f"{c['verified_this_run']} verified, {c['samples_per_s']} samples/s"))
+    rows.append(("stats", out / "stats.json"))
     summary("verify", rows)
 
 

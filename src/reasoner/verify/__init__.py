@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,8 +37,8 @@ def _judge_verdict(v: int | None) -> str:
     return "invalid" if v is None else "correct" if v == 1 else "incorrect"
 
 
-def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress: bool) -> None:
-    """Append a verdict row per sample not yet in `out/verdicts` (resumable)."""
+def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress: bool) -> int:
+    """Append a verdict row per sample not yet in `out/verdicts` (resumable); return how many."""
     from reasoner.training import progress_bar
     from reasoner.verify.rules import VerifierPool
 
@@ -45,7 +46,7 @@ def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress
     done = {(r["id"], r["sample_idx"]) for r in shards.iter_rows(folder)} if folder.exists() else set()
     todo = [s for s in samples if (s["id"], s["sample_idx"]) not in done]
     if not todo:
-        return
+        return 0
     need_rule = cfg.mode in ("rule", "rule_then_judge", "both")
     need_judge = cfg.mode in ("judge", "rule_then_judge", "both")
     pool = VerifierPool(cfg.workers, cfg.timeout_s, cfg.memory_mb) if need_rule else None
@@ -85,6 +86,7 @@ def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress
             pool.close()
         if judge is not None:
             judge.close()
+    return len(todo)
 
 
 def final_verdict(mode: str, v: dict) -> tuple[str, str]:
@@ -136,7 +138,9 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     kept, removed = decontam.decontaminate(list(problems.values()), cfg.decontam)
     keep_ids = {p["id"] for p in kept}
     samples = [s for s in samples if s["id"] in keep_ids]
-    compute_verdicts(cfg, samples, out, progress)
+    verified_at = time.perf_counter()
+    newly = compute_verdicts(cfg, samples, out, progress)
+    verify_seconds = time.perf_counter() - verified_at
     verdicts = {(v["id"], v["sample_idx"]): v for v in shards.iter_rows(out / VERDICTS)}
     count = _reasoning_counter(cfg, samples[0]["model"]) if samples else None
     rows, dropped = [], Counter()
@@ -156,11 +160,17 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     shards.reset_parts(out)
     shards.write_rows(out, (Verified.model_validate(r) for r in rows))
     pos = sum(r["reward"] > 0 for r in rows)
-    shards.finish(out, {
+    counts = {
         "samples_in": len(verdicts), "problems_in": len(problems),
         "decontaminated_problems": len(removed), "dropped": dict(dropped),
         "verdicts": dict(verdict_counts), "problems": len({r["id"] for r in rows}),
         "samples": len(rows), "positives": pos, "negatives": len(rows) - pos,
-    }, filters=report, decontaminated=removed[:100], agreement=agreement(list(verdicts.values())),
-        seconds=round(time.perf_counter() - started, 2))
+        "verified_this_run": newly,
+        "samples_per_s": round(newly / verify_seconds, 1) if newly else None,
+    }
+    extra = {"filters": report, "decontaminated": removed[:100],
+             "agreement": agreement(list(verdicts.values())),
+             "seconds": round(time.perf_counter() - started, 2)}
+    shards.atomic_write_text(out / "stats.json", json.dumps({"counts": counts, **extra}, indent=2) + "\n")
+    shards.finish(out, counts, **extra)
     return out

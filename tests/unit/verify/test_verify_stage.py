@@ -54,6 +54,9 @@ def test_filter_change_reuses_verdicts_and_rows_are_complete(tmp_path, samples):
     assert verdict_part.read_bytes() == before
     manifest = shards.read_manifest(out)
     assert manifest["complete"] and manifest["counts"]["samples"] == 0  # all wrong: dropped
+    stats = __import__("json").loads((out / "stats.json").read_text())
+    assert stats["counts"] == manifest["counts"] and stats["filters"][-1]["samples_removed"] == 12
+    assert stats["counts"]["verified_this_run"] == 0  # verdicts reused
     rows = list(shards.iter_rows(cfg(samples, out).output_dir))
     assert rows == []
     verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
