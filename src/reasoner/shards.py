@@ -56,6 +56,12 @@ def is_complete(folder: Path) -> bool:
     return bool(manifest and manifest.get("complete"))
 
 
+def finished(folder: Path, config: dict) -> bool:
+    """The folder is complete and was written with exactly `config` (a rerun has nothing to do)."""
+    manifest = read_manifest(folder)
+    return bool(manifest and manifest.get("complete") and manifest.get("config") == config)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -246,8 +246,7 @@ def run(cfg: OfflineConfig) -> Path:
 
     out, obj = Path(cfg.output_dir), cfg.objective
     config = dump(cfg)
-    manifest = shards.read_manifest(out)
-    if manifest and manifest.get("complete") and manifest.get("config") == config:
+    if shards.finished(out, config):
         return out / "final"
     device, dist, dtype = training.setup(cfg.model.device, cfg.model.dtype, cfg.run.seed)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)

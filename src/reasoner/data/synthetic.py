@@ -195,9 +195,9 @@ def run(cfg: SynthConfig) -> dict[str, Path]:
     folders = {"train_problems": out / "train_problems", "test_problems": out / "test_problems",
                "sft": out / "sft"}
     config = dump(cfg)
-    manifests = {name: shards.read_manifest(f) for name, f in folders.items()}
-    if all(m and m.get("complete") and m.get("config") == config for m in manifests.values()):
+    if all(shards.finished(f, config) for f in folders.values()):
         return folders
+    manifests = {name: shards.read_manifest(f) for name, f in folders.items()}
     stale = [str(folders[n]) for n, m in manifests.items() if m and m.get("config") != config]
     if stale and not cfg.overwrite:
         raise shards.ShardError(

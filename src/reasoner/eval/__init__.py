@@ -25,8 +25,7 @@ def _write_problems(cfg: EvalConfig, folder: Path) -> None:
     if not problems:
         raise ValueError(f"{', '.join(d.path for d in cfg.data)}: no problems")
     config = {"data": [d.model_dump(mode="json") for d in cfg.data]}
-    manifest = shards.read_manifest(folder)
-    if manifest and manifest.get("complete") and manifest.get("config") == config:
+    if shards.finished(folder, config):
         return
     shards.reset(folder, "eval problems", config)
     shards.write_rows(folder, (Problem.model_validate(p) for p in problems))
@@ -59,8 +58,7 @@ def run(cfg: EvalConfig, progress: bool = True) -> Path:
         scores = metrics.summarize(rows, same, cfg.length_buckets, cfg.bootstrap, cfg.seed)
     result = {"benchmark": cfg.benchmark, "model": cfg.model.name_or_path, **scores,
               "config": dump(cfg)}
-    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
-    report.write_markdown(result, out / "report.md")
     result["plots"] = report.plots(result, rows, out)
+    report.write_markdown(result, out / "report.md")
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
     return out

@@ -68,8 +68,7 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
     out = Path(cfg.output_dir)
     problems = load_problems(cfg)
     config = _config_key(cfg)
-    manifest = shards.read_manifest(out)
-    if manifest and manifest.get("complete") and manifest.get("config") == config:
+    if shards.finished(out, config):
         return out
     shards.begin(out, "infer", config, {"model": cfg.model.name_or_path, "data": cfg.data.path},
                  overwrite=cfg.overwrite)

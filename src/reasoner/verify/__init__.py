@@ -121,8 +121,7 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
         raise ValueError(f"{cfg.input_dir} is not a complete Sample shard (its manifest does not "
                          "say complete: true); finish `reasoner infer` first")
     config = dump(cfg)
-    manifest = shards.read_manifest(out)
-    if manifest and manifest.get("complete") and manifest.get("config") == config:
+    if shards.finished(out, config):
         return out
     shards.update_manifest(out, stage="verify", config=config, inputs={"samples": str(cfg.input_dir)},
                            complete=False)
