@@ -1,26 +1,17 @@
-"""Typed stage configs: one pydantic model per stage, loaded from YAML plus `key.sub=value` overrides.
+"""Typed stage configs: one pydantic model per stage, every field with a one-line description.
 
-Every field has a one-line description. A config that names an unknown key, gives a value of the
-wrong type or leaves out a required value stops the run before any work, with a message that
-names the key, the file (and line, when the key came from the file) and the closest valid key.
+Loading (YAML + `key.sub=value` overrides, errors naming file:line, key and the closest valid
+key) lives in configfile.py; `load`, `dump`, `parse_overrides` and `ConfigError` are re-exported.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-M = TypeVar("M", bound=BaseModel)
-_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message says what, where and what to do."""
+from reasoner.configfile import ConfigError, dump, load, parse_overrides  # noqa: F401  (API)
 
 
 class Strict(BaseModel):
@@ -423,132 +414,3 @@ class TinyConfig(Strict):
     model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="model shape")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags to keep whole")
     overwrite: bool = Field(False, description="replace an existing output folder")
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
-
-
-def parse_overrides(overrides: list[str]) -> dict[tuple[str, ...], Any]:
-    """`a.b=1` -> {("a", "b"): 1}; values are YAML scalars (so `x=1e-5` is a float, `x=null` None).
-
-    Note: YAML 1.1 reads `1e-5` as a string; such exponent floats are converted explicitly.
-    """
-    parsed: dict[tuple[str, ...], Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-            if isinstance(value, str) and _FLOAT.fullmatch(value):
-                value = float(value)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
-        parsed[tuple(key.split("."))] = value
-    return parsed
-
-
-def _set_path(data: dict, path: tuple[str, ...], value: Any, origin: str) -> None:
-    node = data
-    for depth, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(
-                f"override {origin!r}: {'.'.join(path[: depth + 1])} is a value, not a section"
-            )
-        node = child
-    node[path[-1]] = value
-
-
-def _model_at(model_cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The pydantic model class that owns the fields at `loc` (a path of field names)."""
-    cls: Any = model_cls
-    for part in loc:
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
-            return None
-        ann = cls.model_fields[part].annotation
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        cls = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
-
-
-def _yaml_line(path: Path, loc: tuple) -> int | None:
-    """1-based line of the key `loc` in the YAML file, if it is written there."""
-    try:
-        node = yaml.compose(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    line = None
-    for part in loc:
-        if not isinstance(node, yaml.MappingNode):
-            return line
-        for key_node, value_node in node.value:
-            if key_node.value == str(part):
-                line, node = key_node.start_mark.line + 1, value_node
-                break
-        else:
-            return line
-    return line
-
-
-def _describe(err: dict, model_cls: type[BaseModel], source: str, path: Path | None,
-              overrides: dict[tuple[str, ...], str]) -> str:
-    loc = tuple(str(p) for p in err["loc"])
-    dotted = ".".join(loc)
-    where = source
-    n = len(loc)
-    origin = next((text for key, text in overrides.items()
-                   if loc[: len(key)] == key or key[:n] == loc), None)
-    if origin is not None:
-        where = f"override '{origin}'"
-    elif path is not None:
-        line = _yaml_line(path, loc)
-        where = f"{path}:{line}" if line else str(path)
-    if err["type"] == "extra_forbidden":
-        owner = _model_at(model_cls, loc[:-1])
-        valid = list(owner.model_fields) if owner else []
-        close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-        hint = f" (did you mean '{'.'.join((*loc[:-1], close[0]))}'?)" if close else ""
-        return f"{where}: unknown key '{dotted}'{hint}; valid keys here: {', '.join(valid)}"
-    if err["type"] == "missing":
-        return f"{where}: missing required value '{dotted}'"
-    return f"{where}: '{dotted}' {err['msg'].lower()} (got {err.get('input')!r})"
-
-
-def load(model_cls: type[M], path: str | Path | None, overrides: list[str] | None = None) -> M:
-    """Read `path` (YAML) into `model_cls`, apply `key.sub=value` overrides, validate everything.
-
-    Raises ConfigError naming every bad key before any work starts.
-    """
-    path = Path(path) if path is not None else None
-    data: dict = {}
-    if path is not None:
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(loaded).__name__}")
-        data = loaded or {}
-    parsed = parse_overrides(overrides or [])
-    raw = {tuple(o.partition("=")[0].split(".")): o for o in overrides or []}
-    for key, value in parsed.items():
-        _set_path(data, key, value, raw[key])
-    try:
-        return model_cls.model_validate(data)
-    except ValidationError as exc:
-        source = str(path) if path else "config"
-        lines = [_describe(e, model_cls, source, path, raw) for e in exc.errors()]
-        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
-
-
-def dump(cfg: BaseModel) -> dict:
-    """The resolved config as plain JSON-able data (what goes into a manifest)."""
-    return cfg.model_dump(mode="json")
