@@ -35,26 +35,23 @@ def tiny_model_dir(tmp_path_factory, synth_dir) -> Path:
     return models.build_tiny(TinyConfig(output_dir=out, corpus=[synth_dir / "sft"], model=TINY_SHAPE))
 
 
+QUICKSTART_TEST_OVERRIDES = ["sft.run.progress=false", "rl.run.progress=false"]
+
+
 @pytest.fixture(scope="session")
 def quickstart_sft(tmp_path_factory) -> Path:
-    """The quickstart's data and SFT model, made once by the real CLI (about 3 minutes)."""
+    """The quickstart recipe's data and SFT model, made once by `reasoner run --until sft`
+    (about 3 minutes); the quickstart test continues the same run folder."""
     import subprocess
     import sys
 
     root = tmp_path_factory.mktemp("quickstart")
     repo = Path(__file__).resolve().parents[1]
-    q = repo / "configs" / "quickstart"
-    steps = [
-        ["data", "synth", str(q / "data_synth.yaml"), f"output_dir={root}/data"],
-        ["model", "tiny", str(q / "tiny_model.yaml"), f"output_dir={root}/init",
-         f"corpus=[{root}/data/sft]"],
-        ["sft", str(q / "sft.yaml"), f"model.name_or_path={root}/init",
-         f"data.path={root}/data/sft", f"output_dir={root}/sft", "run.progress=false"],
-    ]
-    for args in steps:
-        out = subprocess.run([sys.executable, "-m", "reasoner", *args], capture_output=True,
-                             text=True, timeout=1500, cwd=repo)
-        assert out.returncode == 0, out.stderr[-3000:]
+    out = subprocess.run([sys.executable, "-m", "reasoner", "run",
+                          str(repo / "configs/quickstart/recipe.yaml"), f"run_dir={root}",
+                          *QUICKSTART_TEST_OVERRIDES, "--until", "sft"],
+                         capture_output=True, text=True, timeout=1500, cwd=repo)
+    assert out.returncode == 0, out.stderr[-3000:]
     return root
 
 

@@ -17,6 +17,7 @@ from reasoner.config import (
     EvalConfig,
     InferConfig,
     OfflineConfig,
+    RecipeConfig,
     SFTConfig,
     SynthConfig,
     TinyConfig,
@@ -49,7 +50,8 @@ OverridesArg = Annotated[
 CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
                                   "sft": SFTConfig, "infer": InferConfig, "verify": VerifyConfig,
                                   "train-offline": OfflineConfig,
-                                  "eval aime": EvalConfig, "eval bench": EvalConfig}
+                                  "eval aime": EvalConfig, "eval bench": EvalConfig,
+                                  "run": RecipeConfig}
 
 # Errors a user can fix from the message alone: printed without a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ValueError, FileNotFoundError,
@@ -216,6 +218,69 @@ def train_offline(config: ConfigArg, overrides: OverridesArg = None) -> None:
                 or [("model", final)])
 
 
+@app.command("run")
+def run_recipe(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML (stages, run_dir, rounds)",
+                                           show_default=False)],
+    overrides: OverridesArg = None,
+    start: Annotated[str | None, typer.Option("--from", help="rerun from this stage on")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="stop after this stage")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and commands only")] = False,
+) -> None:
+    """A whole recipe: every stage in order, skipping those finished with the same config.
+
+    Overrides: recipe keys (run_dir=..., seed=1, rounds=2) or STAGE.key=value for one stage's
+    config (sft.optim.lr=1e-4).
+    """
+    from reasoner import pipeline
+
+    def go() -> list:
+        cfg = pipeline.load_recipe(recipe, overrides or [])
+        return pipeline.run(cfg, recipe.parent, start, until, dry_run,
+                            echo=lambda line: console.print(line, markup=False, highlight=False,
+                                                          soft_wrap=True))
+
+    stages = run_stage("run", go)
+    if dry_run:
+        return
+    table = Table(title=f"reasoner run {recipe}", title_justify="left")
+    for col in ("stage", "status", "time", "output", "result"):
+        table.add_column(col)
+    for s in stages:
+        table.add_row(s.name, s.status, f"{s.seconds:.0f}s", str(s.out), s.headline)
+    console.print(table)
+
+
+export_app = typer.Typer(help="Write scripts for other training stacks.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("mindspeed")
+def export_mindspeed(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    out: Annotated[Path, typer.Option("--out", help="folder for the four scripts")] = Path("mindspeed"),
+    tp: Annotated[int, typer.Option("--tp", help="tensor parallel size (32B recipe: 8)")] = 8,
+    pp: Annotated[int, typer.Option("--pp", help="pipeline parallel size (32B recipe: 4)")] = 4,
+    npus_per_node: Annotated[int, typer.Option("--npus-per-node", help="NPUs per node")] = 8,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="default: enough for TP x PP")] = None,
+    train_iters: Annotated[int | None, typer.Option(
+        "--train-iters", help="optimiser steps (default: run.max_steps, else set at launch)")] = None,
+) -> None:
+    """MindSpeed-LLM scripts (preprocess, HF->mcore, train, mcore->HF) for an SFT config."""
+    import math
+
+    from reasoner.export import mindspeed
+
+    cfg = load_config("export mindspeed", SFTConfig, config, overrides)
+    par = mindspeed.Parallel(tp, pp, nodes or max(1, math.ceil(tp * pp / npus_per_node)), npus_per_node)
+    written = run_stage("export mindspeed",
+                        lambda: mindspeed.export(cfg, str(config), out, par, train_iters))
+    summary("export mindspeed", [("parallel", f"TP {par.tp}, PP {par.pp}, {par.nodes} node(s) x "
+                                              f"{par.npus_per_node} NPUs"),
+                                 *[(p.name, p) for p in written]])
+
+
 eval_app = typer.Typer(help="Evaluate models: AIME, any benchmark file, comparisons.",
                        no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
@@ -224,7 +289,7 @@ TargetArg = Annotated[str, typer.Argument(help="model (HF id or folder) or an ev
                                           show_default=False)]
 
 
-def _eval_config(target: str, benchmark: str, data: list, out: Path | None,
+def _eval_config(target: str, benchmark: str | None, data: list, out: Path | None,
                  overrides: list[str] | None, explicit: bool = True) -> EvalConfig:
     """An EvalConfig from a YAML file, or from the recipe defaults plus a model id/folder.
 
@@ -239,7 +304,8 @@ def _eval_config(target: str, benchmark: str, data: list, out: Path | None,
         name = Path(target.rstrip("/")).name or target
         overrides = [f"model.name_or_path={target}",
                      f"output_dir={out or Path('runs/eval') / benchmark / name}", *overrides]
-    overrides.append(f"benchmark={benchmark}")
+    if benchmark is not None:  # else the YAML's own benchmark name stands
+        overrides.append(f"benchmark={benchmark}")
     cfg = load_config("eval", EvalConfig, path, overrides)
     if data and (explicit or not cfg.data):
         cfg.data = data
@@ -306,7 +372,9 @@ def eval_bench(
     from reasoner.eval.benchmarks import local
 
     sources = [local(d) for d in data or []]
-    bench = name or (Path(data[0]).stem if data else "bench")
+    bench = name
+    if bench is None and not target.endswith((".yaml", ".yml")):
+        bench = Path(data[0]).stem if data else "bench"
     cfg = _eval_config(target, bench, sources, out, overrides)
     result = run_stage("eval bench", lambda: stage.run(cfg))
     _eval_summary(result)

@@ -7,7 +7,7 @@ key) lives in configfile.py; `load`, `dump`, `parse_overrides` and `ConfigError`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -414,3 +414,49 @@ class TinyConfig(Strict):
     model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="model shape")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags to keep whole")
     overwrite: bool = Field(False, description="replace an existing output folder")
+
+
+STAGE_COMMANDS = ("data synth", "model tiny", "sft", "infer", "verify", "train-offline", "eval",
+                  "compare")
+
+
+class StageSpec(Strict):
+    """One stage of a recipe: a command, its config file, and values set on top of it."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="unique name; the stage writes into RUN_DIR/<name>/")
+    command: Literal["data synth", "model tiny", "sft", "infer", "verify", "train-offline", "eval",
+                     "compare"] = Field(..., description="the reasoner command this stage runs")
+    config: Path | None = Field(
+        None, description="stage config YAML, relative to the recipe file (compare needs none)"
+    )
+    set: dict[str, Any] = Field(
+        default_factory=dict, description="dotted key -> value on top of the config; strings may "
+        "name other stages' folders: {sft}, {data}/test_problems, {policy} (newest checkpoint), "
+        "{run_dir}"
+    )
+    repeat: bool = Field(False, description="part of the round block repeated `rounds` times")
+    launcher: str | None = Field(
+        None, description="run as a subprocess with this prefix, e.g. 'torchrun --nproc-per-node 8'"
+    )
+    reports: list[str] = Field(
+        default_factory=list, description="compare: eval stages to compare (default: every eval, in order)"
+    )
+
+
+class RecipeConfig(Strict):
+    """`reasoner run`: a whole recipe, stage after stage, skipping finished ones."""
+
+    extends: Path | None = Field(
+        None, description="another recipe whose stages (up to `extends_until`) come first; its "
+        "run_dir, seed, rounds and start_model apply unless set here"
+    )
+    extends_until: str | None = Field(None, description="last stage taken from `extends`")
+    run_dir: Path = Field(..., description="every stage writes into RUN_DIR/<stage name>/")
+    seed: int = Field(0, description="added to every `seed` in every stage config (0 = as written)")
+    start_model: str | None = Field(
+        None, description="what {policy} means before any sft / train-offline stage (HF id or folder)"
+    )
+    rounds: int = Field(1, ge=1, description="repeat the `repeat: true` block (infer -> verify -> "
+                        "train-offline [-> eval]) from the newest checkpoint")
+    stages: list[StageSpec] = Field(..., min_length=1, description="the stages, in order")

@@ -113,8 +113,10 @@ def _describe(err: dict, model_cls: type[BaseModel], source: str, path: Path | N
     return f"{where}: '{dotted}' {err['msg'].lower()} (got {err.get('input')!r})"
 
 
-def load(model_cls: type[M], path: str | Path | None, overrides: list[str] | None = None) -> M:
-    """Read `path` (YAML) into `model_cls`, apply `key.sub=value` overrides, validate everything.
+def load(model_cls: type[M], path: str | Path | None, overrides: list[str] | None = None,
+         values: dict[str, Any] | None = None) -> M:
+    """Read `path` (YAML) into `model_cls`, apply `values` (dotted key -> value, e.g. a recipe's
+    `set:`) and then `key.sub=value` overrides, and validate everything.
 
     Raises ConfigError naming every bad key before any work starts.
     """
@@ -130,8 +132,13 @@ def load(model_cls: type[M], path: str | Path | None, overrides: list[str] | Non
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(loaded).__name__}")
         data = loaded or {}
+    raw: dict[tuple[str, ...], str] = {}
+    for key, value in (values or {}).items():
+        path_key = tuple(str(key).split("."))
+        raw[path_key] = f"{key}: {value!r}"
+        _set_path(data, path_key, value, raw[path_key])
     parsed = parse_overrides(overrides or [])
-    raw = {tuple(o.partition("=")[0].split(".")): o for o in overrides or []}
+    raw.update({tuple(o.partition("=")[0].split(".")): o for o in overrides or []})
     for key, value in parsed.items():
         _set_path(data, key, value, raw[key])
     try:

@@ -1,0 +1,1 @@
+"""Exports of reasoner configs to other training stacks (MindSpeed-LLM for Ascend NPUs)."""

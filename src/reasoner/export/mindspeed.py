@@ -1,0 +1,233 @@
+"""`reasoner export mindspeed SFT_CONFIG`: the MindSpeed-LLM scripts for the same SFT run on Ascend.
+
+Four scripts, run in order from a MindSpeed-LLM checkout:
+  1_preprocess_data.sh   SFT rows -> MindSpeed's indexed instruction dataset (Alpaca-style
+                         handler, `--pack --neat-pack` when the config packs)
+  2_convert_hf_to_mcore.sh  HF weights -> Megatron-mcore with the chosen TP / PP
+  3_train_sft.sh         posttrain_gpt.py with the config's schedule, batch and sequence length
+  4_convert_mcore_to_hf.sh  the trained weights back to HF, ready for `reasoner infer`
+Every flag written here is one MindSpeed-LLM documents; the tests hold the list.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from reasoner.config import SFTConfig
+
+# Published Qwen2.5 shapes (config.json of each hub model), for when the weights are not local.
+KNOWN_ARCHITECTURES: dict[str, dict] = {
+    "Qwen/Qwen2.5-7B": dict(num_hidden_layers=28, hidden_size=3584, intermediate_size=18944,
+                            num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-14B": dict(num_hidden_layers=48, hidden_size=5120, intermediate_size=13824,
+                             num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                             rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-32B": dict(num_hidden_layers=64, hidden_size=5120, intermediate_size=27648,
+                             num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                             rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-72B": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=29568,
+                             num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
+                             rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+}
+
+
+@dataclass
+class Parallel:
+    tp: int = 8
+    pp: int = 4
+    nodes: int = 4
+    npus_per_node: int = 8
+
+
+def architecture(name_or_path: str) -> dict:
+    """The model's shape: from a local config.json, or the published Qwen2.5 table."""
+    local = Path(name_or_path) / "config.json"
+    if local.is_file():
+        cfg = json.loads(local.read_text())
+        if cfg.get("model_type") not in ("qwen2", None):
+            raise ValueError(f"{local}: model_type {cfg.get('model_type')!r}; the export writes "
+                             "Qwen2-architecture flags only")
+        return cfg
+    if name_or_path in KNOWN_ARCHITECTURES:
+        return KNOWN_ARCHITECTURES[name_or_path]
+    raise ValueError(f"cannot read the shape of {name_or_path!r}: give a local HF folder (with "
+                     f"config.json) or one of {', '.join(KNOWN_ARCHITECTURES)}")
+
+
+def _check(arch: dict, par: Parallel, cfg: SFTConfig) -> None:
+    heads, groups, layers = (arch["num_attention_heads"], arch["num_key_value_heads"],
+                             arch["num_hidden_layers"])
+    problems = []
+    if heads % par.tp or groups % par.tp:
+        problems.append(f"TP {par.tp} must divide the {heads} attention heads and {groups} KV heads")
+    if layers % par.pp:
+        problems.append(f"PP {par.pp} must divide the {layers} layers")
+    world = par.nodes * par.npus_per_node
+    if world % (par.tp * par.pp):
+        problems.append(f"{world} NPUs are not a multiple of TP x PP = {par.tp * par.pp}")
+    else:
+        dp = world // (par.tp * par.pp)
+        if cfg.run.global_batch % (dp * cfg.run.micro_batch):
+            problems.append(f"global batch {cfg.run.global_batch} is not a multiple of data-parallel "
+                            f"size {dp} x micro batch {cfg.run.micro_batch}")
+    if problems:
+        raise ValueError("export mindspeed: " + "; ".join(problems))
+
+
+def _lines(command: list[str], flags: list[tuple[str, object]]) -> str:
+    """`command \\` then one `--flag value \\` per line (value None = a switch)."""
+    out = [" ".join(command) + " \\"]
+    for i, (flag, value) in enumerate(flags):
+        text = flag if value is None else f"{flag} {value}"
+        out.append(f"    {text}" + (" \\" if i < len(flags) - 1 else ""))
+    return "\n".join(out) + "\n"
+
+
+def _header(title: str, source: str) -> str:
+    return (f"#!/usr/bin/env bash\n# {title}\n# written by: reasoner export mindspeed {source}\n"
+            "# run from the root of a MindSpeed-LLM checkout, after sourcing the Ascend toolkit:\n"
+            "#   source /usr/local/Ascend/ascend-toolkit/set_env.sh\nset -euo pipefail\n")
+
+
+def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None = None,
+            workdir: str = "mindspeed") -> dict[str, str]:
+    """The four scripts (file name -> text) for this SFT config."""
+    arch = architecture(cfg.model.name_or_path)
+    _check(arch, par, cfg)
+    name = cfg.model.name_or_path
+    local = Path(name).is_dir()
+    hf_dir = name if local else f"./model_from_hf/{name.rstrip('/').split('/')[-1]}"
+    mcore = f"{workdir}/model_weights/mcore_tp{par.tp}_pp{par.pp}"
+    trained = f"{workdir}/checkpoints"
+    data_prefix = f"{workdir}/data/sft"
+    env = (f'HF_DIR=${{HF_DIR:-{hf_dir}}}\nMCORE_DIR=${{MCORE_DIR:-{mcore}}}\n'
+           f'SAVE_DIR=${{SAVE_DIR:-{trained}}}\nDATA_PREFIX=${{DATA_PREFIX:-{data_prefix}}}\n')
+    download = ("" if local else
+                f"# the weights must be local: huggingface-cli download {name} --local-dir {hf_dir}\n")
+    if cfg.template.instruction:
+        note = ("# note: MindSpeed renders prompts with its qwen template; reasoner's instruction "
+                f"({cfg.template.instruction[:40]!r}...) must already be part of each prompt.\n")
+    else:
+        note = ""
+
+    data = cfg.data.path
+    if not Path(data).exists():
+        local_data = f"./dataset/{data.rstrip('/').split('/')[-1]}"
+        download += (f"# the data must be local: huggingface-cli download --repo-type dataset {data} "
+                     f"--local-dir {local_data}\n")
+        data = local_data
+    if "messages" in cfg.data.fields:  # chat rows: role/content messages
+        handler = "SharegptStyleInstructionHandler"
+        keys = {"messages": cfg.data.fields["messages"],
+                "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                         "assistant_tag": "assistant", "system_tag": "system"}}
+    else:
+        handler = "AlpacaStyleInstructionHandler"
+        keys = {"prompt": cfg.data.fields.get("prompt", "prompt"), "query": "",
+                "response": cfg.data.fields.get("response", "response")}
+    pre = [("--input", shlex.quote(data)), ("--tokenizer-name-or-path", "${HF_DIR}"),
+           ("--tokenizer-type", "PretrainedFromHF"), ("--output-prefix", "${DATA_PREFIX}"),
+           ("--handler-name", handler), ("--prompt-type", "qwen"),
+           ("--map-keys", shlex.quote(json.dumps(keys))), ("--workers", 16),
+           ("--log-interval", 1000)]
+    if cfg.packing:
+        pre += [("--pack", None), ("--neat-pack", None), ("--seq-length", cfg.seq_len),
+                ("--append-eod", None)]
+    preprocess = (_header("1/4 SFT data -> MindSpeed indexed instruction dataset", source) + download
+                  + note + env + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n'
+                  + _lines(["python", "preprocess_data.py"], pre))
+
+    conv = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
+            ("--load-model-type", "hf"), ("--save-model-type", "mg"),
+            ("--target-tensor-parallel-size", par.tp), ("--target-pipeline-parallel-size", par.pp),
+            ("--add-qkv-bias", None), ("--params-dtype", "bf16"),
+            ("--load-dir", "${HF_DIR}"), ("--save-dir", "${MCORE_DIR}"),
+            ("--tokenizer-model", "${HF_DIR}/tokenizer.json")]
+    to_mcore = (_header(f"2/4 HF -> Megatron-mcore weights (TP {par.tp}, PP {par.pp})", source)
+                + download + env + _lines(["python", "convert_ckpt.py"], conv))
+
+    o, r = cfg.optim, cfg.run
+    iters = (f"TRAIN_ITERS=${{TRAIN_ITERS:-{train_iters}}}\n" if train_iters else
+             "# optimiser steps = ceil(packed rows / global batch) x epochs "
+             f"(epochs = {r.epochs:g}); reasoner sft prints its packed rows\n"
+             'TRAIN_ITERS=${TRAIN_ITERS:?set TRAIN_ITERS (see above)}\n')
+    model_flags = [
+        ("--use-mcore-models", None), ("--num-layers", arch["num_hidden_layers"]),
+        ("--hidden-size", arch["hidden_size"]), ("--ffn-hidden-size", arch["intermediate_size"]),
+        ("--num-attention-heads", arch["num_attention_heads"]), ("--group-query-attention", None),
+        ("--num-query-groups", arch["num_key_value_heads"]),
+        ("--padded-vocab-size", arch["vocab_size"]), ("--make-vocab-size-divisible-by", 1),
+        ("--rotary-base", int(arch.get("rope_theta", 10000.0))),
+        ("--position-embedding-type", "rope"), ("--use-rotary-position-embeddings", None),
+        ("--normalization", "RMSNorm"), ("--norm-epsilon", arch.get("rms_norm_eps", 1e-6)),
+        ("--swiglu", None), ("--add-qkv-bias", None), ("--disable-bias-linear", None),
+        ("--attention-dropout", 0.0), ("--hidden-dropout", 0.0),
+    ]
+    if not arch.get("tie_word_embeddings", False):
+        model_flags.append(("--untie-embeddings-and-output-weights", None))
+    train = [
+        *model_flags,
+        ("--tokenizer-type", "PretrainedFromHF"), ("--tokenizer-name-or-path", "${HF_DIR}"),
+        ("--tensor-model-parallel-size", par.tp), ("--pipeline-model-parallel-size", par.pp),
+        *([("--sequence-parallel", None)] if par.tp > 1 else []),
+        ("--use-distributed-optimizer", None),
+        ("--seq-length", cfg.seq_len), ("--max-position-embeddings", cfg.seq_len),
+        ("--micro-batch-size", r.micro_batch), ("--global-batch-size", r.global_batch),
+        ("--train-iters", "${TRAIN_ITERS}"),
+        ("--lr", o.lr), ("--min-lr", o.min_lr), ("--lr-decay-style", "cosine"),
+        ("--lr-warmup-fraction", o.warmup_ratio), ("--weight-decay", o.weight_decay),
+        ("--adam-beta1", o.betas[0]), ("--adam-beta2", o.betas[1]), ("--adam-eps", o.eps),
+        *([("--clip-grad", o.grad_clip)] if o.grad_clip else []),
+        ("--bf16", None), ("--use-flash-attn", None), ("--attention-softmax-in-fp32", None),
+        ("--no-masked-softmax-fusion", None), ("--seed", r.seed),
+        *([("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+           ("--recompute-num-layers", 1)] if r.gradient_checkpointing else []),
+        ("--finetune", None), ("--stage", "sft"), ("--is-instruction-dataset", None),
+        ("--prompt-type", "qwen"),
+        *([("--reset-attention-mask", None), ("--neat-pack", None)] if cfg.packing else []),
+        ("--data-path", "${DATA_PREFIX}"), ("--split", "100,0,0"),
+        ("--load", "${MCORE_DIR}"), ("--save", "${SAVE_DIR}"),
+        ("--save-interval", r.save_every or "${TRAIN_ITERS}"), ("--no-load-optim", None),
+        ("--no-load-rng", None), ("--log-interval", r.log_every), ("--log-throughput", None),
+        ("--eval-iters", 0), ("--distributed-backend", "hccl"),
+    ]
+    launch = (f"NPUS_PER_NODE=${{NPUS_PER_NODE:-{par.npus_per_node}}}\n"
+              f"NNODES=${{NNODES:-{par.nodes}}}\nNODE_RANK=${{NODE_RANK:-0}}\n"
+              "MASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-6000}\n"
+              "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
+    torchrun = ["torchrun", "--nproc_per_node", "${NPUS_PER_NODE}", "--nnodes", "${NNODES}",
+                "--node_rank", "${NODE_RANK}", "--master_addr", "${MASTER_ADDR}",
+                "--master_port", "${MASTER_PORT}", "posttrain_gpt.py"]
+    world = par.nodes * par.npus_per_node
+    dp = world // (par.tp * par.pp)
+    training = (_header(f"3/4 SFT on {world} NPUs: TP {par.tp} x PP {par.pp} x DP {dp}; run on "
+                        "every node with its NODE_RANK", source)
+                + env + iters + launch + _lines(torchrun, train))
+
+    back = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
+            ("--load-model-type", "mg"), ("--save-model-type", "hf"),
+            ("--target-tensor-parallel-size", 1), ("--target-pipeline-parallel-size", 1),
+            ("--add-qkv-bias", None), ("--load-dir", "${SAVE_DIR}"), ("--save-dir", "${HF_DIR}")]
+    to_hf = (_header("4/4 trained Megatron-mcore weights -> HF (written to ${HF_DIR}/mg2hf)", source)
+             + env + _lines(["python", "convert_ckpt.py"], back)
+             + "# then, with reasoner: reasoner infer CONFIG model.name_or_path=${HF_DIR}/mg2hf\n")
+    return {"1_preprocess_data.sh": preprocess, "2_convert_hf_to_mcore.sh": to_mcore,
+            "3_train_sft.sh": training, "4_convert_mcore_to_hf.sh": to_hf}
+
+
+def export(cfg: SFTConfig, source: str, out: Path, par: Parallel,
+           train_iters: int | None = None) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in scripts(cfg, source, par, train_iters or cfg.run.max_steps).items():
+        path = out / name
+        path.write_text(text)
+        path.chmod(0o755)
+        written.append(path)
+    return written
+

@@ -1,0 +1,460 @@
+"""`reasoner run RECIPE.yaml`: the stages of one recipe in order, skipping finished ones.
+
+A recipe names its stages (command + config file + values set on top); each stage writes into
+RUN_DIR/<name>/. Values may refer to earlier stages' folders ({sft}, {data}/test_problems),
+to the newest checkpoint ({policy}) and to {run_dir}. `rounds: N` repeats the `repeat: true`
+block (infer -> verify -> train-offline -> eval) from the newest checkpoint; round r > 1 writes
+into <name>-r<r>, so each round's optimiser and reference start fresh from that checkpoint.
+
+What has run is recorded in RUN_DIR/pipeline.json: for each stage a chain digest of its resolved
+config and those of every stage before it. A stage whose digest is unchanged and that finished is
+skipped; a changed stage reruns, and so does everything after it (their inputs changed); a stage
+that was interrupted with an unchanged digest resumes. Each resolved config is also written to
+RUN_DIR/configs/<name>.yaml, so any stage can be rerun by hand with the printed command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reasoner import shards
+from reasoner.config import (
+    ConfigError,
+    EvalConfig,
+    InferConfig,
+    OfflineConfig,
+    RecipeConfig,
+    SFTConfig,
+    StageSpec,
+    SynthConfig,
+    TinyConfig,
+    VerifyConfig,
+    dump,
+    load,
+)
+
+STATE = "pipeline.json"
+CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
+                                  "sft": SFTConfig, "infer": InferConfig, "verify": VerifyConfig,
+                                  "train-offline": OfflineConfig, "eval": EvalConfig}
+CHECKPOINT_COMMANDS = ("sft", "train-offline")
+_REF = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
+
+
+@dataclass
+class Stage:
+    """One expanded stage of a recipe, resolved and ready to run."""
+
+    name: str
+    spec: StageSpec
+    round: int
+    out: Path
+    config: Any                      # the validated stage config (compare: its report folders)
+    chain: str                       # digest of this config and of every stage before it
+    digest: str = ""                 # digest of this stage's own command and config
+    source: Path | None = None       # the recipe's config file for this stage
+    overrides: list[str] = field(default_factory=list)  # key=value the recipe puts on top of it
+    status: str = "run"              # skip | run | rerun | resume
+    reason: str = ""
+    seconds: float = 0.0
+    headline: str = ""
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def command(self) -> str:
+        return self.spec.command
+
+
+# --------------------------------------------------------------------------------------------
+# Planning
+
+
+def _resolve_refs(value: Any, names: dict[str, str], run_dir: Path, policy: str | None,
+                  where: str) -> Any:
+    """Replace {stage}, {policy} and {run_dir} inside strings (recursively in lists and dicts)."""
+    if isinstance(value, dict):
+        return {k: _resolve_refs(v, names, run_dir, policy, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_refs(v, names, run_dir, policy, where) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        ref = m.group(1)
+        if ref == "run_dir":
+            return str(run_dir)
+        if ref == "policy":
+            if policy is None:
+                raise ConfigError(f"{where}: {{policy}} needs an sft or train-offline stage before "
+                                  "it, or the recipe's start_model")
+            return policy
+        if ref not in names:
+            known = ", ".join(sorted(names)) or "none"
+            raise ConfigError(f"{where}: {{{ref}}} names no earlier stage (earlier stages: {known})")
+        return str(run_dir / names[ref])
+
+    return _REF.sub(sub, value)
+
+
+def _shift_seeds(data: Any, offset: int) -> Any:
+    """Add `offset` to every `seed` key at any depth (recipe seed and per-round seeds)."""
+    if isinstance(data, dict):
+        return {k: (v + offset if k == "seed" and isinstance(v, int) else _shift_seeds(v, offset))
+                for k, v in data.items()}
+    if isinstance(data, list):
+        return [_shift_seeds(v, offset) for v in data]
+    return data
+
+
+def _seed_paths(data: Any, prefix: str = "") -> list[tuple[str, int]]:
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for k, v in data.items():
+        if k == "seed" and isinstance(v, int):
+            found.append((prefix + k, v))
+        found += _seed_paths(v, f"{prefix}{k}.")
+    return found
+
+
+def _inline(value: Any) -> str:
+    """A value as a YAML scalar or flow collection, as an override on the command line takes it."""
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+
+
+def expand(recipe: RecipeConfig) -> list[tuple[StageSpec, int, str]]:
+    """The recipe's stages in run order, the `repeat` block written out `rounds` times."""
+    specs = recipe.stages
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"recipe: stage names must be unique; repeated: {', '.join(dupes)}")
+    block = [i for i, s in enumerate(specs) if s.repeat]
+    if block and block != list(range(block[0], block[-1] + 1)):
+        raise ConfigError("recipe: the `repeat: true` stages must be consecutive")
+    if recipe.rounds > 1 and not block:
+        raise ConfigError("recipe: rounds > 1 needs stages marked `repeat: true`")
+    out: list[tuple[StageSpec, int, str]] = []
+    for i, spec in enumerate(specs):
+        if block and i == block[0]:
+            for r in range(1, recipe.rounds + 1):
+                out += [(specs[j], r, specs[j].name if r == 1 else f"{specs[j].name}-r{r}")
+                        for j in block]
+        elif not spec.repeat:
+            out.append((spec, 1, spec.name))
+    return out
+
+
+def plan(recipe: RecipeConfig, base: Path) -> list[Stage]:
+    """Resolve every stage's config (refs, seeds, output folder) and its chain digest."""
+    run_dir = Path(recipe.run_dir)
+    latest: dict[str, str] = {}
+    evals: list[str] = []
+    policy: str | None = recipe.start_model
+    chain = hashlib.sha256(b"reasoner-run").hexdigest()
+    stages: list[Stage] = []
+    for spec, rnd, name in expand(recipe):
+        where = f"recipe stage '{name}'"
+        out = run_dir / name
+        values = _resolve_refs(spec.set, latest, run_dir, policy, where)
+        path, overrides = None, []
+        if spec.command == "compare":
+            if spec.config is not None or values:
+                raise ConfigError(f"{where}: compare takes `reports:` only, no config or set")
+            reports = [_resolve_refs(f"{{{r}}}" if not r.startswith("{") else r, latest, run_dir,
+                                     policy, where) for r in spec.reports]
+            config: Any = {"reports": reports or [str(run_dir / e) for e in evals]}
+            if len(config["reports"]) < 2:
+                raise ConfigError(f"{where}: needs two eval stages before it to compare")
+        else:
+            path = (base / spec.config) if spec.config is not None else None
+            try:
+                cfg = load(CONFIG_MODELS[spec.command], path, values={**values, "output_dir": str(out)})
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            offset = recipe.seed + 1000 * (rnd - 1)
+            config = type(cfg).model_validate(_shift_seeds(dump(cfg), offset)) if offset else cfg
+            overrides = [f"{k}={_inline(v)}" for k, v in {**values, "output_dir": str(out)}.items()]
+            overrides += [f"{k}={v}" for k, v in _seed_paths(dump(config)) if offset]
+        digest = json.dumps({"command": spec.command,
+                             "config": config if isinstance(config, dict) else dump(config)},
+                            sort_keys=True, default=str)
+        chain = hashlib.sha256((chain + digest).encode()).hexdigest()
+        stages.append(Stage(name, spec, rnd, out, config, chain, source=path, overrides=overrides,
+                            digest=hashlib.sha256(digest.encode()).hexdigest()))
+        latest[spec.name] = latest[name] = name
+        if spec.command == "eval":
+            evals.append(name)
+        if spec.command in CHECKPOINT_COMMANDS:
+            policy = str(out / "final")
+    return stages
+
+
+def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The recipe as data, with `extends` resolved: the base's stages up to `extends_until`,
+    then this file's; config paths made relative to this file's folder."""
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    base_name = raw.get("extends")
+    if base_name is None:
+        return raw
+    base_path = (path.parent / base_name).resolve()
+    if base_path in seen:
+        raise ConfigError(f"{path}: `extends` loops back to {base_path}")
+    base = _read_recipe(base_path, (*seen, path.resolve()))
+    stages = []
+    for stage in base.get("stages", []):
+        stage = dict(stage)
+        if stage.get("config") is not None:
+            stage["config"] = os.path.relpath(base_path.parent / stage["config"], path.parent)
+        stages.append(stage)
+        if stage.get("name") == raw.get("extends_until"):
+            break
+    else:
+        if raw.get("extends_until") is not None:
+            raise ConfigError(f"{path}: extends_until {raw['extends_until']!r} is no stage of {base_path}")
+    merged = {k: v for k, v in base.items() if k not in ("stages", "extends", "extends_until")}
+    merged.update({k: v for k, v in raw.items() if k != "stages"})
+    merged["stages"] = stages + list(raw.get("stages", []))
+    return merged
+
+
+def load_recipe(path: Path, overrides: list[str]) -> RecipeConfig:
+    """The recipe YAML plus overrides: recipe keys (run_dir=..., seed=1) or STAGE.key=value."""
+    import difflib
+
+    from reasoner.configfile import parse_overrides
+
+    top, per_stage = [], {}
+    raw = _read_recipe(Path(path))
+    stage_names = [s.get("name") for s in raw.get("stages", []) if isinstance(s, dict)]
+    for item in overrides:
+        head = item.partition("=")[0].split(".")[0]
+        if head in RecipeConfig.model_fields:
+            top.append(item)
+        elif head in stage_names:
+            per_stage.setdefault(head, []).append(item.split(".", 1)[1])
+        else:
+            close = difflib.get_close_matches(head, [*RecipeConfig.model_fields, *stage_names], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"override {item!r}: '{head}' is neither a recipe key "
+                              f"({', '.join(RecipeConfig.model_fields)}) nor a stage name{hint}")
+    if "extends" in raw:  # merged data: errors name the key, not a line
+        recipe = load(RecipeConfig, None, top, values=raw)
+    else:
+        recipe = load(RecipeConfig, path, top)
+    for spec in recipe.stages:
+        for key, value in parse_overrides(per_stage.get(spec.name, [])).items():
+            spec.set = {**spec.set, ".".join(key): value}
+    return recipe
+
+
+def _read_state(run_dir: Path) -> dict:
+    path = run_dir / STATE
+    if not path.exists():
+        return {"stages": {}}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); delete it to rerun every stage") from exc
+
+
+def decide(stages: list[Stage], state: dict, start: str | None, until: str | None) -> list[Stage]:
+    """Mark each stage skip / run / rerun / resume; return the stages this invocation covers."""
+    names = [s.name for s in stages]
+    for flag, value in (("--from", start), ("--until", until)):
+        if value is not None and value not in names:
+            raise ConfigError(f"{flag} {value}: no such stage; stages: {', '.join(names)}")
+    first = names.index(start) if start else 0
+    last = names.index(until) if until else len(stages) - 1
+    if first > last:
+        raise ConfigError(f"--from {start} comes after --until {until}")
+    upstream_ran = False
+    for i, s in enumerate(stages[: last + 1]):
+        record = state["stages"].get(s.name, {})
+        same = record.get("chain") == s.chain
+        if i < first:
+            s.status, s.reason = "skip", "before --from"
+            if not (same and record.get("status") == "done"):
+                s.reason = "before --from (not finished with this config!)"
+        elif i == first and start is not None:
+            s.status, s.reason = "rerun", "--from"
+        elif same and record.get("status") == "running":
+            s.status, s.reason = "resume", "interrupted last time"
+        elif same and record.get("status") == "done" and s.out.exists() and not upstream_ran:
+            s.status, s.reason = "skip", "finished with this config"
+        elif record:
+            s.status = "rerun"
+            own_changed = record.get("digest") != s.digest
+            s.reason = ("config changed" if own_changed else
+                        "an earlier stage reran" if upstream_ran or not same else "output missing")
+        else:
+            s.status, s.reason = "run", "new"
+        if s.status == "skip":
+            s.seconds = record.get("seconds", 0.0)
+            s.headline, s.metrics = record.get("headline", ""), record.get("metrics", {})
+        else:
+            upstream_ran = True
+    return stages[: last + 1]
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+
+
+def command_line(stage: Stage, config_path: Path | None = None) -> list[str]:
+    """The shell command that runs this stage by hand (what --dry-run prints)."""
+    launcher = shlex.split(stage.spec.launcher) if stage.spec.launcher else []
+    if stage.command == "compare":
+        return [*launcher, "reasoner", "eval", "compare", *stage.config["reports"],
+                "--out", str(stage.out)]
+    cmd = "eval bench" if stage.command == "eval" else stage.command
+    if config_path is None:  # the recipe's own file and values, before anything is written
+        return [*launcher, "reasoner", *cmd.split(), str(stage.source), *stage.overrides]
+    return [*launcher, "reasoner", *cmd.split(), str(config_path)]
+
+
+def _write_config(stage: Stage, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"# {shlex.join(command_line(stage, path))}\n# written by reasoner run (stage {stage.name})\n"
+    body = stage.config if isinstance(stage.config, dict) else dump(stage.config)
+    shards.atomic_write_text(path, head + yaml.safe_dump(body, sort_keys=False))
+
+
+def _execute(stage: Stage, config_path: Path) -> None:
+    if stage.spec.launcher:
+        result = subprocess.run(command_line(stage, config_path), check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"stage {stage.name} failed (exit {result.returncode}); "
+                               f"rerun `reasoner run` to resume it")
+        return
+    cfg = stage.config
+    if stage.command == "data synth":
+        from reasoner.data import synthetic
+        synthetic.run(cfg)
+    elif stage.command == "model tiny":
+        from reasoner import models
+        models.build_tiny(cfg)
+    elif stage.command == "sft":
+        from reasoner import sft
+        sft.run(cfg)
+    elif stage.command == "infer":
+        from reasoner import infer
+        infer.run(cfg)
+    elif stage.command == "verify":
+        from reasoner import verify
+        verify.run(cfg)
+    elif stage.command == "train-offline":
+        from reasoner import train_offline
+        train_offline.run(cfg)
+    elif stage.command == "eval":
+        from reasoner import eval as evaluate
+        evaluate.run(cfg)
+    else:
+        from reasoner.eval.report import compare
+        compare([Path(r) for r in cfg["reports"]], stage.out)
+
+
+def headline(stage: Stage) -> tuple[str, dict]:
+    """The numbers worth a glance after a stage: accuracy, dataset size, loss."""
+    out = stage.out
+    if stage.command in ("eval", "compare"):
+        file = out / ("report.json" if stage.command == "eval" else "compare.json")
+        r = json.loads(file.read_text())
+        if stage.command == "eval":
+            lo, hi = r["pass@1_ci95"]
+            m = {"pass@1": r["pass@1"], "ci95": [lo, hi], "mean_tokens": r["mean_response_tokens"]}
+            return (f"pass@1 {100 * r['pass@1']:.1f}% (CI {100 * lo:.1f}-{100 * hi:.1f}), "
+                    f"{r['mean_response_tokens']:.0f} tokens"), m
+        last = r["runs"][-1]
+        lo, hi = last["diff_ci95"]
+        m = {"diff": last["diff"], "diff_ci95": [lo, hi], "significant": last["significant"]}
+        return (f"{Path(last['name']).name} vs {Path(r['runs'][0]['name']).name}: "
+                f"{100 * last['diff']:+.1f} points (paired CI {100 * lo:+.1f} to {100 * hi:+.1f})"), m
+    if stage.command == "model tiny":
+        from reasoner import models
+        params = models.describe(out)["parameters"]
+        return f"{params:,} parameters", {"parameters": params}
+    if stage.command == "data synth":
+        parts = {p.name: (shards.read_manifest(p) or {}).get("counts", {}) for p in sorted(out.iterdir())
+                 if p.is_dir()}
+        text = ", ".join(f"{k} {next(iter(v.values()), '?')}" for k, v in parts.items())
+        return text, {}
+    c = (shards.read_manifest(out) or {}).get("counts", {})
+    if stage.command == "infer":
+        return (f"{c.get('samples')} samples, {c.get('mean_response_tokens', 0):.0f} tokens mean, "
+                f"{100 * c.get('truncation_rate', 0):.1f}% truncated"), c
+    if stage.command == "verify":
+        return (f"{c.get('problems_in')} -> {c.get('problems')} problems, {c.get('samples')} samples "
+                f"({c.get('positives')}+ / {c.get('negatives')}-)"), c
+    loss = c.get("final_loss")
+    return (f"{c.get('steps')} steps, final loss {loss:.4f}" if loss is not None
+            else f"{c.get('steps')} steps"), c
+
+
+def _save_state(run_dir: Path, state: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shards.atomic_write_text(run_dir / STATE, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str | None = None,
+        dry_run: bool = False, echo=print) -> list[Stage]:
+    """Run (or, with dry_run, only plan) the recipe; return its stages with status and numbers."""
+    run_dir = Path(recipe.run_dir)
+    stages = decide(plan(recipe, base), _read_state(run_dir), start, until)
+    if dry_run:
+        for s in stages:
+            echo(f"{s.status:>6}  {s.name:<16} {s.reason:<28} {shlex.join(command_line(s))}")
+        return stages
+    missing = [s.name for s in stages if s.reason.endswith("!)")]
+    if missing:
+        raise ValueError(f"--from {start}: the stages before it are not finished with this recipe "
+                         f"({', '.join(missing)}); run without --from first")
+    state = _read_state(run_dir)
+    state["recipe"] = dump(recipe)
+    for s in stages:
+        if s.status == "skip":
+            echo(f"[skip] {s.name}: {s.reason}")
+            continue
+        path = run_dir / "configs" / f"{s.name}.yaml"
+        if s.status in ("run", "rerun") and s.out.exists():
+            echo(f"[{s.status}] {s.name}: {s.reason}; replacing {s.out}")
+            shutil.rmtree(s.out)
+        else:
+            echo(f"[{s.status}] {s.name}: {s.reason}")
+        _write_config(s, path)
+        state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "running",
+                                   "command": s.command}
+        _save_state(run_dir, state)
+        started = time.perf_counter()
+        _execute(s, path)
+        s.seconds = time.perf_counter() - started
+        s.headline, s.metrics = headline(s)
+        state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "done",
+                                   "command": s.command,
+                                   "seconds": round(s.seconds, 2), "headline": s.headline,
+                                   "metrics": s.metrics, "output": str(s.out)}
+        _save_state(run_dir, state)
+    return stages

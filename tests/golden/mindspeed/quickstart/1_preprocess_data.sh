@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# 1/4 SFT data -> MindSpeed indexed instruction dataset
+# written by: reasoner export mindspeed configs/quickstart/sft.yaml
+# run from the root of a MindSpeed-LLM checkout, after sourcing the Ascend toolkit:
+#   source /usr/local/Ascend/ascend-toolkit/set_env.sh
+set -euo pipefail
+HF_DIR=${HF_DIR:-runs/quickstart/tiny-init}
+MCORE_DIR=${MCORE_DIR:-mindspeed/model_weights/mcore_tp1_pp1}
+SAVE_DIR=${SAVE_DIR:-mindspeed/checkpoints}
+DATA_PREFIX=${DATA_PREFIX:-mindspeed/data/sft}
+mkdir -p "$(dirname "${DATA_PREFIX}")"
+python preprocess_data.py \
+    --input runs/quickstart/data/sft \
+    --tokenizer-name-or-path ${HF_DIR} \
+    --tokenizer-type PretrainedFromHF \
+    --output-prefix ${DATA_PREFIX} \
+    --handler-name AlpacaStyleInstructionHandler \
+    --prompt-type qwen \
+    --map-keys '{"prompt": "prompt", "query": "", "response": "response"}' \
+    --workers 16 \
+    --log-interval 1000 \
+    --pack \
+    --neat-pack \
+    --seq-length 512 \
+    --append-eod

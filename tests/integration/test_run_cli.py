@@ -1,0 +1,173 @@
+"""`reasoner run` on a miniature recipe: every stage runs, a rerun skips them all, a changed stage
+reruns with everything after it, and --dry-run changes nothing."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from reasoner import pipeline
+from reasoner.cli import app
+
+CONFIGS = {
+    "data_synth.yaml": {"output_dir": "x", "num_train": 30, "num_test": 6, "seed": 0},
+    "tiny_model.yaml": {"output_dir": "x", "model": {
+        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 512,
+        "vocab_size": 320}},
+    "sft.yaml": {"model": {"name_or_path": "x"}, "data": {"path": "x"}, "output_dir": "x",
+                 "seq_len": 256, "max_tokens": 256,
+                 "run": {"global_batch": 2, "max_steps": 2, "progress": False}},
+    "eval.yaml": {"model": {"name_or_path": "x"}, "output_dir": "x", "backend": "hf",
+                  "sampling": {"n": 2, "max_tokens": 8}, "workers": 1, "bootstrap": 100,
+                  "length_buckets": [4, 8]},
+    "infer.yaml": {"model": {"name_or_path": "x"}, "data": {"path": "x", "limit": 4},
+                   "output_dir": "x", "backend": "hf",
+                   "sampling": {"n": 2, "max_tokens": 8, "logprobs": True}},
+    "verify.yaml": {"input_dir": "x", "output_dir": "x", "workers": 1,
+                    "filters": {"drop_zero_variance": False}},
+    "train_offline.yaml": {"model": {"name_or_path": "x"}, "input_dir": "x", "output_dir": "x",
+                           "seq_len": 256, "max_tokens": 256,
+                           "run": {"global_batch": 4, "max_steps": 1, "progress": False}},
+}
+
+RECIPE = {
+    "run_dir": "RUN",
+    "stages": [
+        {"name": "data", "command": "data synth", "config": "data_synth.yaml"},
+        {"name": "init", "command": "model tiny", "config": "tiny_model.yaml",
+         "set": {"corpus": ["{data}/sft"]}},
+        {"name": "sft", "command": "sft", "config": "sft.yaml",
+         "set": {"model.name_or_path": "{init}", "data.path": "{data}/sft"}},
+        {"name": "eval-sft", "command": "eval", "config": "eval.yaml",
+         "set": {"model.name_or_path": "{policy}", "data": [{"path": "{data}/test_problems"}]}},
+        {"name": "samples", "command": "infer", "config": "infer.yaml", "repeat": True,
+         "set": {"model.name_or_path": "{policy}", "data.path": "{data}/train_problems"}},
+        {"name": "verified", "command": "verify", "config": "verify.yaml", "repeat": True,
+         "set": {"input_dir": "{samples}"}},
+        {"name": "rl", "command": "train-offline", "config": "train_offline.yaml", "repeat": True,
+         "set": {"model.name_or_path": "{policy}", "input_dir": "{verified}"}},
+        {"name": "eval-rl", "command": "eval", "config": "eval.yaml", "repeat": True,
+         "set": {"model.name_or_path": "{policy}", "data": [{"path": "{data}/test_problems"}]}},
+        {"name": "compare", "command": "compare"},
+    ],
+}
+
+
+def write_recipe(root: Path, **changes) -> Path:
+    for name, body in CONFIGS.items():
+        (root / name).write_text(f"# reasoner test {name}\n" + yaml.safe_dump(body))
+    recipe = {**RECIPE, "run_dir": str(root / "run"), **changes}
+    path = root / "recipe.yaml"
+    path.write_text("# reasoner run recipe.yaml\n" + yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def go(path: Path, *overrides: str, **kw) -> list[pipeline.Stage]:
+    return pipeline.run(pipeline.load_recipe(path, list(overrides)), path.parent, echo=lambda _: None,
+                        **kw)
+
+
+def snapshot(run: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime_ns for p in run.rglob("*")}
+
+
+@pytest.mark.slow
+def test_run_skip_rerun_dry_run(tmp_path):
+    path = write_recipe(tmp_path, rounds=2)
+    run = tmp_path / "run"
+    first = go(path)
+    names = [s.name for s in first]
+    assert names == ["data", "init", "sft", "eval-sft", "samples", "verified", "rl", "eval-rl",
+                     "samples-r2", "verified-r2", "rl-r2", "eval-rl-r2", "compare"]
+    assert all(s.status == "run" for s in first)
+    for s in first:
+        assert (run / s.name).is_dir() and (run / "configs" / f"{s.name}.yaml").is_file()
+    # round 2 starts from round 1's checkpoint, with its own sampling seed
+    r2 = yaml.safe_load((run / "configs" / "samples-r2.yaml").read_text())
+    assert r2["model"]["name_or_path"] == str(run / "rl" / "final")
+    assert r2["sampling"]["seed"] == 1000
+    rl2 = yaml.safe_load((run / "configs" / "rl-r2.yaml").read_text())
+    assert rl2["input_dir"] == str(run / "verified-r2")
+    compare = json.loads((run / "compare" / "compare.json").read_text())
+    assert [Path(r["name"]).name for r in compare["runs"]] == ["eval-sft", "eval-rl", "eval-rl-r2"]
+    assert "pass@1" in first[3].headline and first[-1].metrics["diff_ci95"]
+
+    before = snapshot(run)
+    again = go(path)
+    assert all(s.status == "skip" for s in again)
+    assert [s.headline for s in again] == [s.headline for s in first]
+    assert snapshot(run) == {**before, str(run / "pipeline.json"): before[str(run / "pipeline.json")]}
+
+    # a changed stage reruns with everything after it; the stages before it are untouched
+    plan = go(path, "rl.optim.lr=1e-4", dry_run=True)
+    assert snapshot(run) == before  # --dry-run wrote nothing
+    assert [s.status for s in plan] == ["skip"] * 6 + ["rerun"] * 7
+    assert plan[6].reason == "config changed" and plan[7].reason == "an earlier stage reran"
+    changed = go(path, "rl.optim.lr=1e-4")
+    assert [s.status for s in changed] == ["skip"] * 6 + ["rerun"] * 7
+    after = snapshot(run)
+    kept = ("data", "init", "sft", "eval-sft", "samples", "verified")
+    untouched = [p for p in before if Path(p).relative_to(run).parts[0] in kept]
+    assert untouched and all(after[p] == before[p] for p in untouched)
+    for name in ("rl", "rl-r2"):  # the override reaches every round's copy of the stage
+        assert yaml.safe_load((run / "configs" / f"{name}.yaml").read_text())["optim"]["lr"] == 1e-4
+
+    # --from reruns that stage and the later ones; --until stops early
+    part = go(path, "rl.optim.lr=1e-4", start="eval-rl", until="verified-r2")
+    assert [s.status for s in part] == ["skip"] * 7 + ["rerun"] * 3
+
+
+def test_dry_run_cli_prints_plan_and_writes_nothing(tmp_path):
+    path = write_recipe(tmp_path)
+    result = CliRunner().invoke(app, ["run", str(path), "seed=3", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "run").exists()
+    lines = [line for line in result.output.splitlines() if " new " in line]
+    assert len(lines) == 9
+    assert "reasoner sft" in lines[2] and f"model.name_or_path={tmp_path}/run/init" in lines[2]
+    assert "run.seed=3" in lines[2]
+    assert "reasoner eval compare" in lines[-1]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("nope=1", "neither a recipe key"),
+    ("sft.optim.lrr=1", "did you mean 'optim.lr'"),
+    ("rounds=0", "rounds"),
+])
+def test_bad_overrides_exit_2(tmp_path, override, message):
+    path = write_recipe(tmp_path)
+    result = CliRunner().invoke(app, ["run", str(path), override, "--dry-run"])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_recipe_errors(tmp_path):
+    path = write_recipe(tmp_path)
+    recipe = pipeline.load_recipe(path, [])
+    bad = recipe.model_copy(deep=True)
+    bad.stages[2].set = {"data.path": "{nowhere}/sft"}
+    with pytest.raises(pipeline.ConfigError, match=r"\{nowhere\} names no earlier stage"):
+        pipeline.plan(bad, tmp_path)
+    bad = recipe.model_copy(deep=True)
+    bad.stages[1].set = {"corpus": ["{policy}"]}
+    with pytest.raises(pipeline.ConfigError, match="needs an sft or train-offline stage before it, or the recipe.s start_model"):
+        pipeline.plan(bad, tmp_path)
+    bad = recipe.model_copy(deep=True)
+    bad.stages[5].name = "samples"
+    with pytest.raises(pipeline.ConfigError, match="unique"):
+        pipeline.plan(bad, tmp_path)
+    with pytest.raises(pipeline.ConfigError, match="--from nope"):
+        go(path, start="nope", dry_run=True)
+    with pytest.raises(ValueError, match="not finished"):
+        go(path, start="sft")
+
+
+def test_recipe_seed_shifts_every_seed(tmp_path):
+    path = write_recipe(tmp_path)
+    stages = pipeline.plan(pipeline.load_recipe(path, ["seed=5"]), tmp_path)
+    by = {s.name: s.config for s in stages}
+    assert by["data"].seed == 5 and by["init"].model.seed == 5 and by["sft"].run.seed == 5
+    assert by["samples"].sampling.seed == 5 and by["eval-rl"].seed == 5
+    assert by["eval-rl"].sampling.seed == by["eval-sft"].sampling.seed
