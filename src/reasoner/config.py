@@ -369,6 +369,13 @@ class ObjectiveConfig(Strict):
     reset_every: int | None = Field(
         None, ge=1, description="prorl: every N steps reference <- policy and optimiser state cleared"
     )
+    reset_patience: int | None = Field(
+        None, ge=1, description="prorl: also reset when the validation margin (held-out "
+        "positives' minus negatives' geometric-mean probability) has not improved for N checks"
+    )
+    val_fraction: float = Field(0.05, gt=0, lt=1, description="share of groups held out for "
+                                "the validation margin (only with reset_patience)")
+    val_every: int = Field(20, ge=1, description="steps between validation checks")
     # --- discounted
     gamma: float = Field(0.999, gt=0, le=1, description="discounted: reward gamma^K (K think tokens)")
     format_reward: float = Field(0.0, description="discounted: undiscounted reward for a final answer")

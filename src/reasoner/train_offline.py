@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,21 +138,69 @@ def starting_logprobs(cfg: OfflineConfig, policy: nn.Module, data: Rollouts, pad
         cached = {(r["id"], r["sample_idx"]): r["logprobs"] for r in shards.iter_rows(folder)}
         if all(k in cached for k in data.keys):
             return [cached[k] for k in data.keys]
-    out: list[list[float]] = []
-    order = list(range(len(data.ids)))
-    for start in range(0, len(order), 16):
-        idx = order[start:start + 16]
-        batch = packing.collate_padded([(data.ids[i], _mask(data, i)) for i in idx], pad_id)
-        b = batch.to(device)
-        with dev.autocast(device, dtype):
-            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float().cpu()
-        sizes = [data.resp_len(i) for i in idx]
-        out += [x.tolist() for x in logp.split(sizes)]
+    out = response_logprobs(policy, data, list(range(len(data.ids))), pad_id, device, dtype)
     shards.reset(folder, "train-offline reference log-probs", {"input": str(cfg.input_dir)})
     shards.write_rows(folder, ({"id": k[0], "sample_idx": k[1], "logprobs": lp}
                                for k, lp in zip(data.keys, out, strict=True)))
     shards.finish(folder, {"samples": len(out)})
     return out
+
+
+@torch.no_grad()
+def response_logprobs(policy: nn.Module, data: Rollouts, samples: list[int], pad_id: int,
+                      device: torch.device, dtype: torch.dtype) -> list[list[float]]:
+    """Log-prob of every response token of `samples` under `policy` (no gradient)."""
+    out: list[list[float]] = []
+    for start in range(0, len(samples), 16):
+        idx = samples[start:start + 16]
+        b = packing.collate_padded([(data.ids[i], _mask(data, i)) for i in idx], pad_id).to(device)
+        with dev.autocast(device, dtype):
+            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float().cpu()
+        out += [x.tolist() for x in logp.split([data.resp_len(i) for i in idx])]
+    return out
+
+
+def split_validation(data: Rollouts, obj: ObjectiveConfig, seed: int) -> tuple[list[int], list[int]]:
+    """Train and held-out sample indices: whole groups held out, only when reset_patience is set."""
+    everything = list(range(len(data.ids)))
+    if not obj.reset_patience:
+        return everything, []
+    groups = sorted(set(data.groups.tolist()))
+    rng = random.Random(seed)
+    held = set(rng.sample(groups, max(1, round(obj.val_fraction * len(groups)))))
+    if len(held) == len(groups):
+        raise TrainingError("reset_patience needs more groups than the validation share holds out")
+    val = [i for i in everything if int(data.groups[i]) in held]
+    return [i for i in everything if int(data.groups[i]) not in held], val
+
+
+class Plateau:
+    """ProRL's validation-triggered reset: True once the margin has not improved (by more than
+    `min_delta`) for `patience` checks in a row."""
+
+    def __init__(self, patience: int, min_delta: float = 1e-4):
+        self.patience, self.min_delta = patience, min_delta
+        self.best, self.bad, self.resets = -math.inf, 0, 0
+
+    def update(self, value: float) -> bool:
+        if value > self.best + self.min_delta:
+            self.best, self.bad = value, 0
+            return False
+        self.bad += 1
+        if self.bad < self.patience:
+            return False
+        self.best, self.bad, self.resets = -math.inf, 0, self.resets + 1  # re-baseline after it
+        return True
+
+
+def validation_margin(policy: nn.Module, data: Rollouts, samples: list[int], pad_id: int,
+                      device: torch.device, dtype: torch.dtype) -> float:
+    """Held-out positives' mean geometric-mean probability minus the negatives'."""
+    lps = response_logprobs(policy, data, samples, pad_id, device, dtype)
+    gm = torch.tensor([math.exp(sum(lp) / max(len(lp), 1)) for lp in lps])
+    r = data.rewards[samples]
+    pos, neg = gm[r > 0], gm[r <= 0]
+    return float((pos.mean() if len(pos) else 0.0) - (neg.mean() if len(neg) else 0.0))
 
 
 def _mask(data: Rollouts, i: int) -> list[bool]:
@@ -254,7 +303,9 @@ def run(cfg: OfflineConfig) -> Path:
     signal = sample_signal(obj, data)
     scope = token_scope(data, obj)
     need_ref, need_old = needs(obj, data)
-    total = training.total_steps(len(data.ids), cfg.run)
+    train_idx, val_idx = split_validation(data, obj, cfg.run.seed)
+    plateau = Plateau(obj.reset_patience) if val_idx else None
+    total = training.total_steps(len(train_idx), cfg.run)
     ckpt = training.latest_checkpoint(out) if cfg.run.resume == "auto" else None
     mcfg = cfg.model.model_copy(update={"dtype": "float32",
                                         "attn_implementation": cfg.model.attn_implementation or "sdpa"})
@@ -264,7 +315,7 @@ def run(cfg: OfflineConfig) -> Path:
     if need_ref or need_old:
         ref_lp = starting_logprobs(cfg, start_policy, data, tokenizer.pad_token_id, device, dtype)
     old_lp = ref_lp if need_old else data.old_logp
-    moving_ref = obj.ref_update_every or (obj.reset_every and obj.kl_coef > 0)
+    moving_ref = obj.ref_update_every or ((obj.reset_every or plateau) and obj.kl_coef > 0)
     ref_model = start_policy if moving_ref else None
     if ckpt is not None:
         model, _ = models.load_model(mcfg.model_copy(update={"name_or_path": str(ckpt)}), device)
@@ -285,7 +336,9 @@ def run(cfg: OfflineConfig) -> Path:
     metrics = training.MetricsLog(out / "metrics.jsonl", cfg.run.tracking, config, dist.is_main)
     first = 0
     if ckpt is not None:
-        first = training.load_checkpoint_state(ckpt, policy, optimizer, scheduler)["step"]
+        saved = training.load_checkpoint_state(ckpt, policy, optimizer, scheduler)
+        first = saved["step"]
+        _restore_aux(saved, rm, rm_opt, ref_model, plateau)
         metrics.truncate_after(first)
     if dist.is_main:
         shards.update_manifest(out, stage="train-offline", config=config, complete=False,
@@ -296,7 +349,8 @@ def run(cfg: OfflineConfig) -> Path:
     with training.progress_bar(cfg.run.progress and dist.is_main) as bar:
         task = bar.add_task(f"train-offline ({obj.name})", total=total, completed=first, info="")
         for step in range(first, total):
-            batch_idx = training.global_batch_rows(len(data.ids), cfg.run.global_batch, cfg.run.seed, step)
+            batch_idx = [train_idx[i] for i in training.global_batch_rows(
+                len(train_idx), cfg.run.global_batch, cfg.run.seed, step)]
             norm = Norm(samples=len(batch_idx), tokens=sum(data.resp_len(i) for i in batch_idx),
                         pos_tokens=sum(data.resp_len(i) for i in batch_idx if data.rewards[i] > 0))
             mine = batch_idx[dist.rank::dist.world_size]
@@ -331,14 +385,20 @@ def run(cfg: OfflineConfig) -> Path:
             _move_reference(obj, step + 1, policy, ref_model, optimizer)
             last = {**reduced, "lr": lr, "grad_norm": grad_norm,
                     "tokens_per_s": seen / max(timer.elapsed(), 1e-9)}
+            if plateau is not None and (step + 1) % obj.val_every == 0:
+                margin = validation_margin(policy, data, val_idx, tokenizer.pad_token_id, device, dtype)
+                if plateau.update(margin):
+                    _reset(policy, ref_model, optimizer)
+                last.update(val_margin=margin, resets=plateau.resets)
             if (step + 1) % cfg.run.log_every == 0 or step + 1 == total:
                 metrics.log(step + 1, last)
             bar.update(task, advance=1, info=f"loss {reduced['loss']:.4f}")
             if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0 and step + 1 < total:
                 training.save_checkpoint(out, step + 1, policy, model, tokenizer, optimizer,
-                                         scheduler, {}, cfg.run.keep_last, dist)
+                                         scheduler, _aux_state(rm, rm_opt, ref_model, plateau),
+                                         cfg.run.keep_last, dist)
     final = training.save_checkpoint(out, total, policy, model, tokenizer, optimizer, scheduler,
-                                     {}, cfg.run.keep_last, dist)
+                                     _aux_state(rm, rm_opt, ref_model, plateau), cfg.run.keep_last, dist)
     metrics.close()
     if dist.is_main:
         training.publish_final(out, final)
@@ -346,10 +406,36 @@ def run(cfg: OfflineConfig) -> Path:
         shards.update_manifest(out, complete=True, counts={
             "objective": obj.name, "steps": total, "resumed_from": first,
             "samples": len(data.ids), "positives": pos, "negatives": len(data.ids) - pos,
+            **({"validation_samples": len(val_idx), "plateau_resets": plateau.resets}
+               if plateau is not None else {}),
             "dropped_over_max_tokens": data.dropped, "seconds": round(timer.elapsed(), 2),
             "final_loss": last.get("loss"), "final_model": str(out / "final")})
     training.barrier(dist)
     return out / "final"
+
+
+def _aux_state(rm: nn.Module | None, rm_opt: torch.optim.Optimizer | None,
+               ref_model: nn.Module | None, plateau: Plateau | None) -> dict:
+    """What a resumed run needs beyond the policy: the token RM and its optimiser (oreal), and
+    the reference when it moves (ProRL resets, discounted's moving reference)."""
+    state = {}
+    if rm is not None:
+        state["token_rm"], state["token_rm_optim"] = training.full_state(rm, rm_opt)
+    if ref_model is not None:
+        state["reference"] = {k: v.detach().cpu().clone() for k, v in ref_model.state_dict().items()}
+    if plateau is not None:
+        state["plateau"] = dict(vars(plateau))
+    return state
+
+
+def _restore_aux(saved: dict, rm: nn.Module | None, rm_opt: torch.optim.Optimizer | None,
+                 ref_model: nn.Module | None, plateau: Plateau | None) -> None:
+    if plateau is not None and "plateau" in saved:
+        vars(plateau).update(saved["plateau"])
+    if rm is not None and "token_rm" in saved:
+        training.restore_state(rm, rm_opt, saved["token_rm"], saved["token_rm_optim"])
+    if ref_model is not None and "reference" in saved:
+        ref_model.load_state_dict(saved["reference"])
 
 
 def _to(t: Tensor | None, device: torch.device) -> Tensor | None:
@@ -368,14 +454,19 @@ def _move_reference(obj: ObjectiveConfig, step: int, policy: nn.Module, ref: nn.
                     optimizer: torch.optim.Optimizer) -> None:
     """ProRL hard reset (ref <- policy, optimiser state cleared) or the moving reference."""
     if obj.reset_every and step % obj.reset_every == 0:
-        if ref is not None:
-            ref.load_state_dict(_plain_state(policy))
-        optimizer.state.clear()
+        _reset(policy, ref, optimizer)
     if obj.ref_update_every and ref is not None and step % obj.ref_update_every == 0:
         with torch.no_grad():
             current = _plain_state(policy)
             for name, p in ref.state_dict().items():
                 p.mul_(1 - obj.ref_alpha).add_(current[name].to(p.dtype), alpha=obj.ref_alpha)
+
+
+def _reset(policy: nn.Module, ref: nn.Module | None, optimizer: torch.optim.Optimizer) -> None:
+    """ProRL's hard reset: reference <- current policy, optimiser state cleared."""
+    if ref is not None:
+        ref.load_state_dict(_plain_state(policy))
+    optimizer.state.clear()
 
 
 def _plain_state(policy: nn.Module) -> dict:

@@ -153,7 +153,8 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def _full_state(policy: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+def full_state(policy: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Whole (unsharded, CPU) model and optimiser state dicts; a collective under FSDP."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -179,7 +180,7 @@ def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Mo
                     tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                     state: dict, keep_last: int, dist: DistInfo) -> Path:
     """Write `checkpoint-{step}` atomically: HF folder + trainer_state.pt; keep the newest K."""
-    model_sd, optim_sd = _full_state(policy, optimizer)  # collective: every rank calls it
+    model_sd, optim_sd = full_state(policy, optimizer)  # collective: every rank calls it
     final = Path(out_dir) / f"{CKPT_PREFIX}{step}"
     if dist.is_main:
         tmp = Path(out_dir) / f".{CKPT_PREFIX}{step}.tmp"
@@ -229,6 +230,20 @@ def load_checkpoint_state(ckpt: Path, policy: nn.Module, optimizer: torch.optim.
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state
+
+
+def restore_state(module: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict,
+                  optim_sd: dict) -> None:
+    """Load what `full_state` returned into a (possibly sharded) module and its optimiser."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(module, model_sd, options=opts)
+    set_optimizer_state_dict(module, optimizer, optim_state_dict=optim_sd, options=opts)
 
 
 def publish_final(out_dir: Path, ckpt: Path) -> Path:

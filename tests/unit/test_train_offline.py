@@ -155,3 +155,62 @@ def test_bad_inputs(tmp_path, tiny_model_dir, verified_dir, synth_dir):
         T.run(cfg_for(tiny_model_dir, verified_dir, tmp_path / "o4", optim={"lr": 1e30,
               "grad_clip": None}, objective={"name": "rft"}, run={"global_batch": 8, "max_steps": 3,
                                                                "progress": False}))
+
+
+@pytest.mark.parametrize("objective", [
+    {"name": "oreal", "token_weights": "rm", "rm_lr": 0.3},         # the token RM resumes too
+    {"name": "prorl", "reset_every": 1, "kl_coef": 50.0},           # so does the reset reference
+])
+def test_resume_restores_token_rm_and_reference(tmp_path, tiny_model_dir, verified_dir, objective):
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+
+    def cfg(out):
+        return cfg_for(tiny_model_dir, verified_dir, out, objective=objective,
+                       optim={"lr": 1e-2, "min_lr": 1e-2}, run={"global_batch": 8, "max_steps": 4, "save_every": 2,
+                                                "keep_last": 5, "progress": False})
+
+    T.run(cfg(tmp_path / "whole"))
+    T.run(cfg(tmp_path / "cut"))
+    cut = tmp_path / "cut"  # as if killed after checkpoint-2 (of 3 steps)
+    shutil.rmtree(cut / "checkpoint-3")
+    shutil.rmtree(cut / "final")
+    manifest = json.loads((cut / "manifest.json").read_text())
+    (cut / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    T.run(cfg(cut))
+    assert json.loads((cut / "manifest.json").read_text())["counts"]["resumed_from"] == 2
+    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    b = load_file(cut / "final" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6, rtol=0) for k in a)
+
+
+def test_plateau_resets_after_patience_and_rebaselines():
+    p = T.Plateau(patience=2)
+    fired = [p.update(v) for v in (0.1, 0.2, 0.2, 0.15, 0.3, 0.4, 0.1)]
+    # 0.2 and 0.15 do not beat 0.2 -> reset at the second; then 0.3 is the new baseline
+    assert fired == [False, False, False, True, False, False, False]
+    assert p.resets == 1 and p.best == 0.4 and p.bad == 1
+
+
+def test_validation_triggered_reset(tmp_path, tiny_model_dir, verified_dir):
+    import json
+
+    cfg = cfg_for(tiny_model_dir, verified_dir, tmp_path / "out",
+                  objective={"name": "prorl", "kl_coef": 0.1, "reset_patience": 1, "val_every": 1,
+                             "val_fraction": 0.34},
+                  optim={"lr": 1e-12}, run={"global_batch": 4, "max_steps": 4, "progress": False})
+    T.run(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    margins = [r["val_margin"] for r in rows]
+    # lr ~0: the margin never improves after the first check, so every later check resets
+    assert [r["resets"] for r in rows] == [0, 1, 1, 2]
+    assert max(margins) - min(margins) < 1e-6
+    counts = json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]
+    assert counts["plateau_resets"] == 2 and counts["validation_samples"] == 8
+    from reasoner.models import load_tokenizer
+
+    data = T.load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
+    train, val = T.split_validation(data, cfg.objective, 0)
+    assert not set(train) & set(val) and len(train) + len(val) == counts["samples"]
