@@ -171,3 +171,32 @@ def test_recipe_seed_shifts_every_seed(tmp_path):
     assert by["data"].seed == 5 and by["init"].model.seed == 5 and by["sft"].run.seed == 5
     assert by["samples"].sampling.seed == 5 and by["eval-rl"].seed == 5
     assert by["eval-rl"].sampling.seed == by["eval-sft"].sampling.seed
+
+
+def test_extends_takes_the_base_stages_up_to_a_name(tmp_path):
+    write_recipe(tmp_path)
+    sub = tmp_path / "variants"
+    sub.mkdir()
+    (sub / "rft.yaml").write_text(yaml.safe_dump({
+        "extends": "../recipe.yaml", "extends_until": "verified", "seed": 2,
+        "stages": [{"name": "rl-rft", "command": "train-offline", "config": "../train_offline.yaml",
+                    "repeat": True, "set": {"model.name_or_path": "{policy}", "input_dir": "{verified}",
+                                            "objective.name": "rft"}},
+                   {"name": "eval-rft", "command": "eval", "config": "../eval.yaml", "repeat": True,
+                    "set": {"model.name_or_path": "{policy}", "data": [{"path": "{data}/test_problems"}]}}]}))
+    recipe = pipeline.load_recipe(sub / "rft.yaml", ["rounds=2"])
+    stages = pipeline.plan(recipe, sub)
+    assert [s.name for s in stages] == ["data", "init", "sft", "eval-sft", "samples", "verified",
+                                        "rl-rft", "eval-rft", "samples-r2", "verified-r2", "rl-rft-r2",
+                                        "eval-rft-r2"]
+    assert recipe.run_dir == tmp_path / "run" and recipe.seed == 2  # base's run_dir, own seed
+    base = pipeline.plan(pipeline.load_recipe(tmp_path / "recipe.yaml", ["seed=2"]), tmp_path)
+    assert [s.chain for s in stages[:6]] == [s.chain for s in base[:6]]  # shared stages are skipped
+    assert stages[6].config.objective.name == "rft"
+    (sub / "loop.yaml").write_text(yaml.safe_dump({"extends": "loop.yaml", "stages": []}))
+    with pytest.raises(pipeline.ConfigError, match="loops back"):
+        pipeline.load_recipe(sub / "loop.yaml", [])
+    (sub / "bad.yaml").write_text(yaml.safe_dump({"extends": "../recipe.yaml", "extends_until": "nope",
+                                                  "stages": []}))
+    with pytest.raises(pipeline.ConfigError, match="extends_until 'nope' is no stage"):
+        pipeline.load_recipe(sub / "bad.yaml", [])
