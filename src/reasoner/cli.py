@@ -243,11 +243,12 @@ def run_recipe(
     stages = run_stage("run", go)
     if dry_run:
         return
-    table = Table(title=f"reasoner run {recipe}", title_justify="left")
+    run_dir = stages[0].out.parent if stages else ""
+    table = Table(title=f"reasoner run {recipe}: {run_dir}/", title_justify="left")
     for col in ("stage", "status", "time", "output", "result"):
         table.add_column(col)
     for s in stages:
-        table.add_row(s.name, s.status, f"{s.seconds:.0f}s", str(s.out), s.headline)
+        table.add_row(s.name, s.status, f"{s.seconds:.0f}s", s.artifact, s.headline)
     console.print(table)
 
 

@@ -76,6 +76,13 @@ class Stage:
     def command(self) -> str:
         return self.spec.command
 
+    @property
+    def artifact(self) -> str:
+        """What to open first in this stage's folder, relative to the run folder."""
+        inner = {"sft": "final", "train-offline": "final", "eval": "report.md",
+                 "compare": "compare.md"}.get(self.command, "")
+        return f"{self.name}/{inner}"
+
 
 # --------------------------------------------------------------------------------------------
 # Planning
