@@ -16,6 +16,7 @@ RUN_DIR/configs/<name>.yaml, so any stage can be rerun by hand with the printed 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -49,6 +50,11 @@ STATE = "pipeline.json"
 CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
                                   "sft": SFTConfig, "infer": InferConfig, "verify": VerifyConfig,
                                   "train-offline": OfflineConfig, "eval": EvalConfig}
+RUNNERS: dict[str, tuple[str, str]] = {
+    "data synth": ("reasoner.data.synthetic", "run"), "model tiny": ("reasoner.models", "build_tiny"),
+    "sft": ("reasoner.sft", "run"), "infer": ("reasoner.infer", "run"),
+    "verify": ("reasoner.verify", "run"), "train-offline": ("reasoner.train_offline", "run"),
+    "eval": ("reasoner.eval", "run")}
 CHECKPOINT_COMMANDS = ("sft", "train-offline")
 _REF = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
 
@@ -357,31 +363,13 @@ def _execute(stage: Stage, config_path: Path) -> None:
             raise RuntimeError(f"stage {stage.name} failed (exit {result.returncode}); "
                                f"rerun `reasoner run` to resume it")
         return
-    cfg = stage.config
-    if stage.command == "data synth":
-        from reasoner.data import synthetic
-        synthetic.run(cfg)
-    elif stage.command == "model tiny":
-        from reasoner import models
-        models.build_tiny(cfg)
-    elif stage.command == "sft":
-        from reasoner import sft
-        sft.run(cfg)
-    elif stage.command == "infer":
-        from reasoner import infer
-        infer.run(cfg)
-    elif stage.command == "verify":
-        from reasoner import verify
-        verify.run(cfg)
-    elif stage.command == "train-offline":
-        from reasoner import train_offline
-        train_offline.run(cfg)
-    elif stage.command == "eval":
-        from reasoner import eval as evaluate
-        evaluate.run(cfg)
-    else:
+    if stage.command == "compare":
         from reasoner.eval.report import compare
-        compare([Path(r) for r in cfg["reports"]], stage.out)
+
+        compare([Path(r) for r in stage.config["reports"]], stage.out)
+        return
+    module, function = RUNNERS[stage.command]  # imported here: heavy modules load only when used
+    getattr(importlib.import_module(module), function)(stage.config)
 
 
 def headline(stage: Stage) -> tuple[str, dict]:
