@@ -249,7 +249,7 @@ def run_recipe(
         table.add_column(col)
     for s in stages:
         table.add_row(s.name, s.status, f"{s.seconds:.0f}s", s.artifact, s.headline)
-    console.print(table)
+    console.print(table, width=None if console.is_terminal else 130)  # logs: one row per stage
 
 
 export_app = typer.Typer(help="Write scripts for other training stacks.", no_args_is_help=True)

@@ -35,7 +35,8 @@ def test_eval_bench_report_recomputed_independently(quickstart_sft, tmp_path):
     root = quickstart_sft
     out = tmp_path / "eval"
     run = reasoner("eval", "bench", CFG, f"model.name_or_path={root}/sft/final", "sampling.n=4",
-                   "--data", f"{root}/data/test_problems", "--out", str(out), "--name", "synthetic")
+                   f"data=[{{path: {root}/data/test_problems, limit: 400}}]", "--out", str(out),
+                   "--name", "synthetic")
     assert "pass@1 (avg@4)" in run.stderr and "maj@4" in run.stderr
     for name in ("report.json", "report.md", "accuracy_by_length.png", "length_hist.png",
                  "pass_at_k.png"):
