@@ -83,7 +83,7 @@ def main() -> None:
     tok = load_tokenizer(str(model))
     data = args.out / "verified"
     shutil.rmtree(data, ignore_errors=True)
-    lengths = heavy_tailed_rollouts(data, tok, args.samples, 0, args.seq_len - 16)
+    lengths = heavy_tailed_rollouts(data, tok, args.samples, 0, args.seq_len - 64)
     # token slots the two modes fill, over the same global batches the trainer draws
     real = padded_cells = packed_cells = 0
     for step in range(args.steps):

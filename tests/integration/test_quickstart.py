@@ -30,7 +30,7 @@ def test_quickstart_recipe_rl_beats_sft(quickstart_sft):
     print(f"SFT {sft['pass@1']:.3f} {sft['ci95']}  RL {rl['pass@1']:.3f} {rl['ci95']}  "
           f"paired diff {diff['diff']:+.3f} {diff['diff_ci95']}")
     # the bar of the quickstart: the paired-bootstrap 95% interval of (RL - SFT) pass@1 over the
-    # same 400 held-out problems lies above 0 (measured on three seeds: the README's table)
+    # same 1,000 held-out problems lies above 0 (measured on three seeds: the README table)
     assert rl["pass@1"] > sft["pass@1"]
     assert diff["diff_ci95"][0] > 0 and diff["significant"]
     # the final table names every stage with its headline
