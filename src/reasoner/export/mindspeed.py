@@ -12,6 +12,7 @@ Every flag written here is one MindSpeed-LLM documents; the tests hold the list.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,13 @@ def architecture(name_or_path: str) -> dict:
                      f"config.json) or one of {', '.join(KNOWN_ARCHITECTURES)}")
 
 
+def _hub_id(path: str) -> bool:
+    """`owner/name` that is not a local path: what the scripts must download first. Decided by
+    the text, so the scripts are the same on every machine."""
+    return (not Path(path).exists() and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None
+            and Path(path).suffix not in (".jsonl", ".json", ".parquet"))
+
+
 def _check(arch: dict, par: Parallel, cfg: SFTConfig) -> None:
     heads, groups, layers = (arch["num_attention_heads"], arch["num_key_value_heads"],
                              arch["num_hidden_layers"])
@@ -99,7 +107,7 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
     arch = architecture(cfg.model.name_or_path)
     _check(arch, par, cfg)
     name = cfg.model.name_or_path
-    local = Path(name).is_dir()
+    local = not _hub_id(name)
     hf_dir = name if local else f"./model_from_hf/{name.rstrip('/').split('/')[-1]}"
     mcore = f"{workdir}/model_weights/mcore_tp{par.tp}_pp{par.pp}"
     trained = f"{workdir}/checkpoints"
@@ -115,7 +123,7 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
         note = ""
 
     data = cfg.data.path
-    if not Path(data).exists():
+    if _hub_id(data):
         local_data = f"./dataset/{data.rstrip('/').split('/')[-1]}"
         download += (f"# the data must be local: huggingface-cli download --repo-type dataset {data} "
                      f"--local-dir {local_data}\n")
