@@ -65,7 +65,6 @@ class Stage:
 
     name: str
     spec: StageSpec
-    round: int
     out: Path
     config: Any                      # the validated stage config (compare: its report folders)
     chain: str                       # digest of this config and of every stage before it
@@ -209,7 +208,7 @@ def plan(recipe: RecipeConfig, base: Path) -> list[Stage]:
                              "config": config if isinstance(config, dict) else dump(config)},
                             sort_keys=True, default=str)
         chain = hashlib.sha256((chain + digest).encode()).hexdigest()
-        stages.append(Stage(name, spec, rnd, out, config, chain, source=path, overrides=overrides,
+        stages.append(Stage(name, spec, out, config, chain, source=path, overrides=overrides,
                             digest=hashlib.sha256(digest.encode()).hexdigest()))
         latest[spec.name] = latest[name] = name
         if spec.command == "eval":
