@@ -19,6 +19,7 @@ import torch
 
 from reasoner import device as dev
 from reasoner.config import ModelConfig, TemplateConfig, TinyConfig, TinyModelConfig
+from reasoner.errors import DataError, InputError
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
@@ -52,7 +53,7 @@ def load_model(cfg: ModelConfig, device: torch.device | None = None) -> tuple[An
         kwargs["attn_implementation"] = cfg.attn_implementation
     path = Path(cfg.name_or_path)
     if path.exists() and not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path} is not a model folder: it has no config.json")
+        raise InputError(f"{path} is not a model folder: it has no config.json")
     model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, **kwargs).to(device)
     return model, load_tokenizer(cfg.name_or_path, cfg.trust_remote_code)
 
@@ -160,10 +161,10 @@ def build_tiny(cfg: TinyConfig) -> Path:
     """`reasoner model tiny`: write a tiny Qwen2 model + tokenizer as an ordinary HF folder."""
     out = Path(cfg.output_dir)
     if (out / "config.json").exists() and not cfg.overwrite:
-        raise FileExistsError(f"{out} already holds a model; pass overwrite=true to replace it")
+        raise InputError(f"{out} already holds a model; pass overwrite=true to replace it")
     texts = list(_corpus_texts(cfg.corpus)) if cfg.corpus else default_corpus(seed=cfg.model.seed)
     if not texts:
-        raise ValueError(f"the corpus {', '.join(map(str, cfg.corpus))} holds no text")
+        raise DataError(f"the corpus {', '.join(map(str, cfg.corpus))} holds no text")
     random.Random(cfg.model.seed).shuffle(texts)
     from reasoner.data.template import instruction, render_response
 

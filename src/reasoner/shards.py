@@ -20,13 +20,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from reasoner import __version__
+from reasoner.errors import ShardError  # noqa: F401  (raised here, caught by callers)
 from reasoner.records import SCHEMA_VERSION, Row
 
 MANIFEST = "manifest.json"
-
-
-class ShardError(ValueError):
-    """A shard folder or row that cannot be read; the message gives path:line and what is wrong."""
 
 
 def part_path(folder: Path, index: int) -> Path:

@@ -44,3 +44,25 @@ def test_bad_config_stops_before_work_with_exit_2(tmp_path):
     assert out.returncode == 2
     assert "did you mean 'num_train'" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_user_errors_are_one_paragraph_and_bugs_keep_their_traceback(tmp_path):
+    """A user error (here: an empty corpus) exits 2 with its message alone; any other exception
+    raised inside a stage (here: a RuntimeError, as a CUDA OOM or NCCL failure would be) keeps its
+    traceback and is not dressed up as a user error."""
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    out = reasoner("model", "tiny", str(REPO / "configs/quickstart/tiny_model.yaml"),
+                   f"output_dir={tmp_path}/m", f"corpus=[{data}]")
+    assert out.returncode == 2 and "holds no text" in out.stderr and "Traceback" not in out.stderr
+    crash = ("import sys, reasoner.models as m\n"
+             "def boom(cfg): raise RuntimeError('CUDA out of memory (simulated)')\n"
+             "m.build_tiny = boom\n"
+             "from reasoner.cli import app\n"
+             "sys.argv = ['reasoner', *sys.argv[1:]]\n"
+             "app()\n")
+    out = subprocess.run([sys.executable, "-c", crash, "model", "tiny",
+                          str(REPO / "configs/quickstart/tiny_model.yaml"), f"output_dir={tmp_path}/m"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "RuntimeError: CUDA out of memory (simulated)" in out.stderr

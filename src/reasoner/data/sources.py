@@ -14,6 +14,7 @@ from pathlib import Path
 
 from reasoner import shards
 from reasoner.config import DataConfig
+from reasoner.errors import DataError
 from reasoner.records import Row
 
 
@@ -49,13 +50,13 @@ def _located(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
 def _hub(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
     """An HF dataset id (downloaded and cached by `datasets`)."""
     if "/" not in cfg.path:
-        raise FileNotFoundError(f"{cfg.path}: no such file or folder (nor an HF dataset id)")
+        raise DataError(f"{cfg.path}: no such file or folder (nor an HF dataset id)")
     import datasets
 
     try:
         ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split)
     except Exception as exc:  # noqa: BLE001  (hub errors have many types; all mean the same here)
-        raise FileNotFoundError(
+        raise DataError(
             f"{cfg.path}: neither a local path nor a loadable HF dataset ({type(exc).__name__}: {exc})"
         ) from exc
     for i, row in enumerate(ds):

@@ -21,6 +21,7 @@ from pathlib import Path
 from reasoner import shards
 from reasoner.config import SynthConfig, dump
 from reasoner.data.template import render_response
+from reasoner.errors import ConfigError
 from reasoner.records import Problem, SFTExample
 
 NAMES = [
@@ -161,7 +162,7 @@ def generate(cfg: SynthConfig) -> tuple[list[Puzzle], list[Puzzle]]:
     while len(puzzles) < wanted:
         attempts += 1
         if attempts > 50 * wanted + 1000:
-            raise ValueError(
+            raise ConfigError(
                 f"only {len(puzzles)} distinct problems found for {wanted} requested; "
                 "raise max_start / max_operand, add levels, or ask for fewer problems"
             )
@@ -190,7 +191,7 @@ def run(cfg: SynthConfig) -> dict[str, Path]:
     Rerunning with the same config finds the finished folders and returns them untouched.
     """
     if not cfg.levels or min(cfg.levels) < 0:
-        raise ValueError("levels must be a non-empty list of integers >= 0")
+        raise ConfigError("levels must be a non-empty list of integers >= 0")
     out = Path(cfg.output_dir)
     folders = {"train_problems": out / "train_problems", "test_problems": out / "test_problems",
                "sft": out / "sft"}

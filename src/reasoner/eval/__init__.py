@@ -13,6 +13,7 @@ from pathlib import Path
 
 from reasoner import shards
 from reasoner.config import DataConfig, EvalConfig, FilterConfig, InferConfig, VerifyConfig, dump
+from reasoner.errors import DataError
 from reasoner.eval import metrics, report
 from reasoner.eval.benchmarks import load_problems
 from reasoner.records import Problem, Verified
@@ -20,10 +21,10 @@ from reasoner.records import Problem, Verified
 
 def _write_problems(cfg: EvalConfig, folder: Path) -> None:
     if not cfg.data:
-        raise ValueError("no benchmark data: give --data FILE or data: [...] in the config")
+        raise DataError("no benchmark data: give --data FILE or data: [...] in the config")
     problems = load_problems(cfg.data)
     if not problems:
-        raise ValueError(f"{', '.join(d.path for d in cfg.data)}: no problems")
+        raise DataError(f"{', '.join(d.path for d in cfg.data)}: no problems")
     config = {"data": [d.model_dump(mode="json") for d in cfg.data]}
     if shards.finished(folder, config):
         return

@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Callable
 from math import comb
 
+from reasoner.errors import DataError
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k: probability that at least one of k of the n samples is correct (5b)."""
@@ -49,7 +51,7 @@ def paired_bootstrap_diff(a: list[float], b: list[float], resamples: int = 1000,
                           level: float = 0.95) -> tuple[float, float]:
     """Interval of mean(b) - mean(a) over the same problems, resampled together."""
     if len(a) != len(b):
-        raise ValueError("paired bootstrap needs the same problems in both reports")
+        raise DataError("paired bootstrap needs the same problems in both reports")
     return bootstrap_ci([y - x for x, y in zip(a, b, strict=True)], resamples, seed, level)
 
 

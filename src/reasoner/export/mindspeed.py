@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reasoner.config import SFTConfig
+from reasoner.errors import ConfigError, InputError
 
 # Published Qwen2.5 shapes (config.json of each hub model), for when the weights are not local.
 KNOWN_ARCHITECTURES: dict[str, dict] = {
@@ -50,12 +51,12 @@ def architecture(name_or_path: str) -> dict:
     if local.is_file():
         cfg = json.loads(local.read_text())
         if cfg.get("model_type") not in ("qwen2", None):
-            raise ValueError(f"{local}: model_type {cfg.get('model_type')!r}; the export writes "
+            raise InputError(f"{local}: model_type {cfg.get('model_type')!r}; the export writes "
                              "Qwen2-architecture flags only")
         return cfg
     if name_or_path in KNOWN_ARCHITECTURES:
         return KNOWN_ARCHITECTURES[name_or_path]
-    raise ValueError(f"cannot read the shape of {name_or_path!r}: give a local HF folder (with "
+    raise InputError(f"cannot read the shape of {name_or_path!r}: give a local HF folder (with "
                      f"config.json) or one of {', '.join(KNOWN_ARCHITECTURES)}")
 
 
@@ -83,7 +84,7 @@ def _check(arch: dict, par: Parallel, cfg: SFTConfig) -> None:
             problems.append(f"global batch {cfg.run.global_batch} is not a multiple of data-parallel "
                             f"size {dp} x micro batch {cfg.run.micro_batch}")
     if problems:
-        raise ValueError("export mindspeed: " + "; ".join(problems))
+        raise ConfigError("export mindspeed: " + "; ".join(problems))
 
 
 def _lines(command: list[str], flags: list[tuple[str, object]]) -> str:

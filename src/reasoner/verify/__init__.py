@@ -19,6 +19,7 @@ from typing import Any
 from reasoner import shards
 from reasoner.config import VerifyConfig, dump
 from reasoner.data.template import think_span
+from reasoner.errors import ShardError
 from reasoner.records import Sample, Verified
 from reasoner.verify import decontam, filters
 from reasoner.verify.extract import extract_answer
@@ -118,7 +119,7 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     started = time.perf_counter()
     out = Path(cfg.output_dir)
     if not shards.is_complete(cfg.input_dir):
-        raise ValueError(f"{cfg.input_dir} is not a complete Sample shard (its manifest does not "
+        raise ShardError(f"{cfg.input_dir} is not a complete Sample shard (its manifest does not "
                          "say complete: true); finish `reasoner infer` first")
     config = dump(cfg)
     if shards.finished(out, config):
@@ -132,7 +133,7 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
         shards.reset(out / VERDICTS, "verify verdicts", verdict_key)
     samples = list(shards.iter_rows(cfg.input_dir, Sample))
     if not samples:
-        raise ValueError(f"{cfg.input_dir}: no samples to verify")
+        raise ShardError(f"{cfg.input_dir}: no samples to verify")
     problems = {s["id"]: {"id": s["id"], "problem": s["problem"]} for s in samples}
     kept, removed = decontam.decontaminate(list(problems.values()), cfg.decontam)
     keep_ids = {p["id"] for p in kept}

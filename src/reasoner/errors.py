@@ -1,0 +1,36 @@
+"""The user errors: mistakes a user can fix from the message alone.
+
+The CLI prints one of these as one paragraph and exits 2. Everything else (a bug, a CUDA
+out-of-memory error, an NCCL failure) keeps its traceback. Raise the most specific class; each
+also derives from the built-in error it replaces, so `except ValueError` callers keep working.
+"""
+
+from __future__ import annotations
+
+
+class ReasonerError(Exception):
+    """Base of every user error; the message says what was wrong, where, and what to do."""
+
+
+class ConfigError(ReasonerError, ValueError):
+    """A config file, override or recipe that cannot be used."""
+
+
+class DataError(ReasonerError, ValueError):
+    """Input data (problems, SFT rows, benchmark files) that is missing or malformed."""
+
+
+class ShardError(ReasonerError, ValueError):
+    """A shard folder that is missing, incomplete, or holds bad rows."""
+
+
+class InputError(ReasonerError, ValueError):
+    """A bad command-line value, a missing file or model folder, a device that is not there."""
+
+
+class DependencyError(ReasonerError, ImportError):
+    """An optional package the chosen setting needs is not installed (the message names the extra)."""
+
+
+class TrainingError(ReasonerError, RuntimeError):
+    """Training cannot go on (non-finite loss, no usable samples); the message says what to do."""
