@@ -13,17 +13,17 @@ from rich.table import Table
 
 from reasoner import __version__
 from reasoner.config import (
-    ConfigError,
     EvalConfig,
     InferConfig,
     OfflineConfig,
-    RecipeConfig,
     SFTConfig,
     SynthConfig,
     TinyConfig,
     VerifyConfig,
     load,
 )
+from reasoner.errors import ConfigError, ReasonerError
+from reasoner.stages import config_models
 
 console = Console(stderr=True)
 
@@ -47,15 +47,11 @@ OverridesArg = Annotated[
 ]
 
 # Which config model each command reads (tests load every shipped YAML through this).
-CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
-                                  "sft": SFTConfig, "infer": InferConfig, "verify": VerifyConfig,
-                                  "train-offline": OfflineConfig,
-                                  "eval aime": EvalConfig, "eval bench": EvalConfig,
-                                  "run": RecipeConfig}
+CONFIG_MODELS: dict[str, type] = config_models()
 
-# Errors a user can fix from the message alone: printed without a traceback.
-USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ValueError, FileNotFoundError,
-                                            FileExistsError, ImportError, RuntimeError)
+# Errors a user can fix from the message alone: one paragraph, exit 2. Anything else (a bug,
+# out of memory, a collective that failed) keeps its traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (ReasonerError,)
 
 
 def _version(value: bool) -> None:
@@ -394,9 +390,9 @@ def eval_compare(
 
 
 def _is_main() -> bool:
-    import os
+    from reasoner.device import is_main_process  # imports torch: only after a stage ran
 
-    return int(os.environ.get("RANK", 0)) == 0
+    return is_main_process()
 
 
 if __name__ == "__main__":

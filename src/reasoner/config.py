@@ -1,7 +1,8 @@
 """Typed stage configs: one pydantic model per stage, every field with a one-line description.
 
 Loading (YAML + `key.sub=value` overrides, errors naming file:line, key and the closest valid
-key) lives in configfile.py; `load`, `dump`, `parse_overrides` and `ConfigError` are re-exported.
+key) lives in configfile.py; `load`, `dump`, `parse_overrides` and `ConfigError` are re-exported,
+and so are the objective models of objectives.py.
 """
 
 from __future__ import annotations
@@ -9,16 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, field_validator
 
-from reasoner.configfile import ConfigError, dump, load, parse_overrides  # noqa: F401  (API)
-
-
-class Strict(BaseModel):
-    """Base for every config section: unknown keys are errors, assignments are validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+from reasoner.configfile import ConfigError, Strict, dump, load, parse_overrides  # noqa: F401
+from reasoner.objectives import (  # noqa: F401  (re-exported: config is where users look)
+    CLIPPED,
+    OBJECTIVE_MODELS,
+    DAPOObjective,
+    DiscountedObjective,
+    ObjectiveConfig,
+    OREALObjective,
+    PCLObjective,
+    ProRLObjective,
+    RFTObjective,
+)
 
 # --------------------------------------------------------------------------------------------
 # Shared sections
@@ -28,8 +33,7 @@ class TemplateConfig(Strict):
     """How problems and answers are rendered into prompts and responses (see data/template.py)."""
 
     system_prompt: str | None = Field(
-        None, description="system message put before the problem; None sends no system message"
-    )
+        None, description="system message put before the problem; None sends no system message")
     instruction: str = Field(
         "Reason step by step inside {think_open} {think_close}, then give the final answer "
         "inside {answer_open} {answer_close} as \\boxed{{...}}.",
@@ -40,8 +44,7 @@ class TemplateConfig(Strict):
     answer_open: str = Field("<answer>", description="tag that opens the final answer")
     answer_close: str = Field("</answer>", description="tag that closes the final answer")
     use_chat_template: bool = Field(
-        True, description="render with the tokenizer's chat template when it has one"
-    )
+        True, description="render with the tokenizer's chat template when it has one")
 
 
 class TinyModelConfig(Strict):
@@ -64,15 +67,12 @@ class ModelConfig(Strict):
 
     name_or_path: str = Field(..., description="HF hub id (e.g. Qwen/Qwen2.5-32B) or local folder")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="weights dtype; auto = bf16 on GPU/NPU, fp32 on CPU"
-    )
+        "auto", description="weights dtype; auto = bf16 on GPU/NPU, fp32 on CPU")
     device: Literal["auto", "cpu", "cuda", "npu"] = Field(
-        "auto", description="where to run; auto picks cuda, then npu, then cpu"
-    )
+        "auto", description="where to run; auto picks cuda, then npu, then cpu")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     attn_implementation: str | None = Field(
-        None, description="transformers attention backend (sdpa, flash_attention_2, eager)"
-    )
+        None, description="transformers attention backend (sdpa, flash_attention_2, eager)")
 
 
 class DataConfig(Strict):
@@ -105,8 +105,7 @@ class RunConfig(Strict):
 
     micro_batch: int = Field(1, ge=1, description="rows per forward/backward on one process")
     global_batch: int = Field(
-        8, ge=1, description="rows per optimiser step = micro_batch x accumulation x world size"
-    )
+        8, ge=1, description="rows per optimiser step = micro_batch x accumulation x world size")
     epochs: float = Field(1.0, gt=0, description="passes over the data (fractions allowed)")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps")
     seed: int = Field(0, description="seed for shuffling and initialisation")
@@ -115,12 +114,10 @@ class RunConfig(Strict):
     save_every: int | None = Field(None, ge=1, description="checkpoint every N steps (and at the end)")
     keep_last: int = Field(2, ge=1, description="checkpoints to keep")
     resume: Literal["auto", "never"] = Field(
-        "auto", description="auto: continue from the newest complete checkpoint in output_dir"
-    )
+        "auto", description="auto: continue from the newest complete checkpoint in output_dir")
     log_every: int = Field(1, ge=1, description="write metrics every N steps")
     tracking: list[Literal["tensorboard", "wandb"]] = Field(
-        default_factory=list, description="extra metric sinks (install reasoner[tracking])"
-    )
+        default_factory=list, description="extra metric sinks (install reasoner[tracking])")
     progress: bool = Field(True, description="show a progress bar")
 
 
@@ -136,8 +133,7 @@ class SynthConfig(Strict):
     num_train: int = Field(2000, ge=1, description="problems in the train split")
     num_test: int = Field(200, ge=1, description="problems in the test split (never in train)")
     levels: list[int] = Field(
-        [0, 1, 2, 3], description="difficulty levels to mix; level L has L+1 operations"
-    )
+        [0, 1, 2, 3], description="difficulty levels to mix; level L has L+1 operations")
     max_start: int = Field(12, ge=2, description="largest starting quantity")
     max_operand: int = Field(6, ge=2, description="largest number in an operation")
     max_value: int = Field(40, ge=4, description="largest quantity at any step")
@@ -162,8 +158,7 @@ class SFTConfig(Strict):
     packing: bool = Field(True, description="pack samples into seq_len rows; false = padded rows")
     seq_len: int = Field(4096, ge=2, description="tokens per packed row (packing capacity)")
     cache_dir: Path | None = Field(
-        None, description="token cache folder; default output_dir/token_cache"
-    )
+        None, description="token cache folder; default output_dir/token_cache")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
     run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
 
@@ -178,8 +173,7 @@ class SamplingConfig(Strict):
     max_tokens: int = Field(1024, ge=1, description="most tokens generated per sample")
     stop: list[str] = Field(default_factory=list, description="extra stop strings (eos always stops)")
     logprobs: bool = Field(
-        False, description="store sampled token ids and their behaviour log-probs (needed by dapo)"
-    )
+        False, description="store sampled token ids and their behaviour log-probs (needed by dapo)")
     seed: int = Field(0, description="run seed; each sample's seed derives from (seed, id, sample_idx)")
 
 
@@ -201,12 +195,10 @@ class InferConfig(Strict):
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
     backend: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="auto: vllm when installed and a GPU is present, else hf"
-    )
+        "auto", description="auto: vllm when installed and a GPU is present, else hf")
     batch_size: int = Field(64, ge=1, description="sequences per generate call (hf backend)")
     max_model_len: int | None = Field(
-        None, ge=2, description="context window; default: the model's max_position_embeddings"
-    )
+        None, ge=2, description="context window; default: the model's max_position_embeddings")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     overwrite: bool = Field(False, description="discard an output folder written with another config")
 
@@ -223,8 +215,7 @@ class JudgeConfig(Strict):
     max_tokens: int = Field(1024, ge=1, description="most tokens the judge may write")
     retries: int = Field(2, ge=0, description="extra attempts (sampled) when a reply is unparseable")
     tail_chars: int = Field(
-        1500, ge=1, description="response tail shown when no final answer could be extracted"
-    )
+        1500, ge=1, description="response tail shown when no final answer could be extracted")
     batch_size: int = Field(32, ge=1, description="judge prompts per generate call (hf)")
     max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
@@ -234,8 +225,7 @@ class FilterConfig(Strict):
     """Sample and group filters, applied in this order (each reports what it removed)."""
 
     truncated: Literal["negative", "drop"] = Field(
-        "negative", description="responses cut at max_tokens: keep as negatives, or drop"
-    )
+        "negative", description="responses cut at max_tokens: keep as negatives, or drop")
     dedupe: bool = Field(True, description="drop exact duplicate responses within a group")
     min_group_mean_tokens: int | None = Field(
         None, ge=0, description="difficulty: keep groups whose mean response tokens reach this "
@@ -243,19 +233,16 @@ class FilterConfig(Strict):
     )
     drop_zero_variance: bool = Field(True, description="drop groups all correct or all wrong")
     max_positive_tokens: int | None = Field(
-        None, ge=1, description="drop correct responses longer than this (recipe: 48K)"
-    )
+        None, ge=1, description="drop correct responses longer than this (recipe: 48K)")
 
 
 class DecontamConfig(Strict):
     """Drop problems too close to benchmark problems."""
 
     benchmarks: list[DataConfig] = Field(
-        default_factory=list, description="benchmark problem files / ids (fields mappable)"
-    )
+        default_factory=list, description="benchmark problem files / ids (fields mappable)")
     method: Literal["ngram", "embedding"] = Field(
-        "ngram", description="word n-gram overlap, or all-MiniLM-L6-v2 cosine (extra: decontam)"
-    )
+        "ngram", description="word n-gram overlap, or all-MiniLM-L6-v2 cosine (extra: decontam)")
     ngram: int = Field(8, ge=1, description="words per n-gram")
     threshold: float = Field(
         0.3, gt=0, le=1, description="ngram: share of a problem's n-grams found in one benchmark "
@@ -277,14 +264,11 @@ class VerifyConfig(Strict):
     timeout_s: float = Field(5.0, gt=0, description="hard wall-clock limit per rule check")
     memory_mb: int = Field(2048, ge=64, description="address-space cap per rule worker")
     invalid: Literal["negative", "drop"] = Field(
-        "negative", description="unparseable judge replies: reward -1, or drop the sample"
-    )
+        "negative", description="unparseable judge replies: reward -1, or drop the sample")
     timeout: Literal["negative", "drop"] = Field(
-        "negative", description="rule checks past their limit: reward -1, or drop the sample"
-    )
+        "negative", description="rule checks past their limit: reward -1, or drop the sample")
     tokenizer: str | None = Field(
-        None, description="tokenizer that counts reasoning tokens; default: the samples' model"
-    )
+        None, description="tokenizer that counts reasoning tokens; default: the samples' model")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="LLM judge")
     filters: FilterConfig = Field(default_factory=FilterConfig, description="filters")
     decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="decontamination")
@@ -296,8 +280,7 @@ class EvalConfig(Strict):
     model: ModelConfig = Field(..., description="model to evaluate")
     benchmark: str = Field("bench", description="name shown in reports (aime24, gsm8k, ...)")
     data: list[DataConfig] = Field(
-        default_factory=list, description="problem sources, read in order (fields mappable)"
-    )
+        default_factory=list, description="problem sources, read in order (fields mappable)")
     output_dir: Path = Field(..., description="folder for samples, verdicts and the report")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
     sampling: SamplingConfig = Field(
@@ -309,8 +292,7 @@ class EvalConfig(Strict):
     max_model_len: int | None = Field(None, ge=2, description="context window")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
-        "rule", description="verifier (see reasoner verify)"
-    )
+        "rule", description="verifier (see reasoner verify)")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="optional LLM judge")
     workers: int = Field(2, ge=1, description="rule-verifier worker processes")
     timeout_s: float = Field(5.0, gt=0, description="hard limit per rule check")
@@ -321,77 +303,6 @@ class EvalConfig(Strict):
     seed: int = Field(0, description="bootstrap seed")
 
 
-class ObjectiveConfig(Strict):
-    """Which offline objective trains on the verified rollouts, and its settings."""
-
-    name: Literal["pcl", "rft", "oreal", "dapo", "prorl", "discounted"] = Field(
-        "pcl", description="pcl: PCL-Reasoner-V1.5 (default); rft: SFT on positives; oreal; "
-        "dapo / prorl: clipped policy gradient; discounted: length-efficient RL"
-    )
-    # --- options on top of the published pcl objective (all off = exactly as published)
-    neg_weight: float = Field(
-        1.0, ge=0, description="pcl: scale of the negatives' term (1 = published)"
-    )
-    balance: bool = Field(
-        False, description="pcl: weigh each group's negatives by p/(1-p) (p = group accuracy) so "
-        "they carry the weight of its positives (off = published)"
-    )
-    neg_scope: Literal["all", "divergent", "first"] = Field(
-        "all", description="pcl: tokens a negative is pushed down on: all (published); divergent: "
-        "from where it leaves every correct response of its group on; first: that token only"
-    )
-    baseline: Literal["none", "group"] = Field(
-        "none", description="pcl: use R - mean of its group instead of R (none = published)"
-    )
-    kl_coef: float = Field(
-        0.0, ge=0, description="KL (k3) to the reference (starting) model; 0 = none"
-    )
-    # --- clipped policy gradient (dapo, prorl, discounted)
-    advantage: Literal["grpo", "rloo", "none"] = Field("grpo", description="group advantage")
-    eps_low: float = Field(0.2, ge=0, description="lower clip range (DAPO: 0.2)")
-    eps_high: float = Field(0.28, ge=0, description="upper clip range (DAPO: 0.28; ProRL: 0.4)")
-    agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
-        "token-mean", description="how token losses are averaged"
-    )
-    old_logprobs: Literal["samples", "recompute"] = Field(
-        "samples", description="behaviour log-probs: those stored by infer, or the starting "
-        "model's computed once (used anyway when the samples lack them and this is allowed)"
-    )
-    allow_recompute: bool = Field(
-        True, description="compute the starting model's log-probs when samples lack them"
-    )
-    logprob_temperature: float = Field(
-        1.0, gt=0, description="divide logits by this when scoring (match the sampling temperature)"
-    )
-    overlong_max_len: int | None = Field(None, ge=1, description="soft overlong: max length (DAPO 20480)")
-    overlong_cache_len: int = Field(4096, ge=1, description="soft overlong: penalty ramp (DAPO 4096)")
-    overlong_factor: float = Field(1.0, ge=0, description="soft overlong: penalty at max length")
-    reset_every: int | None = Field(
-        None, ge=1, description="prorl: every N steps reference <- policy and optimiser state cleared"
-    )
-    reset_patience: int | None = Field(
-        None, ge=1, description="prorl: also reset when the validation margin (held-out "
-        "positives' minus negatives' geometric-mean probability) has not improved for N checks"
-    )
-    val_fraction: float = Field(0.05, gt=0, lt=1, description="share of groups held out for "
-                                "the validation margin (only with reset_patience)")
-    val_every: int = Field(20, ge=1, description="steps between validation checks")
-    # --- discounted
-    gamma: float = Field(0.999, gt=0, le=1, description="discounted: reward gamma^K (K think tokens)")
-    format_reward: float = Field(0.0, description="discounted: undiscounted reward for a final answer")
-    ref_update_every: int | None = Field(
-        None, ge=1, description="discounted: moving reference, updated every M steps"
-    )
-    ref_alpha: float = Field(0.1, ge=0, le=1, description="moving reference: ref <- a*pi + (1-a)*ref")
-    # --- oreal
-    eta: float = Field(0.5, ge=0, description="oreal: weight of the negatives' term")
-    beta: float = Field(0.01, ge=0, description="oreal: KL (k3) coefficient")
-    token_weights: Literal["rm", "uniform"] = Field(
-        "rm", description="oreal: token weights from a token reward model, or all 1"
-    )
-    rm_lr: float = Field(1e-5, gt=0, description="oreal: token reward model learning rate")
-
-
 class OfflineConfig(Strict):
     """`reasoner train-offline`: train on a fixed, verified rollout set."""
 
@@ -399,7 +310,9 @@ class OfflineConfig(Strict):
     input_dir: Path = Field(..., description="Verified shard from `reasoner verify`")
     output_dir: Path = Field(..., description="checkpoints, metrics and the final model")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tag names")
-    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig, description="objective")
+    objective: ObjectiveConfig = Field(
+        default_factory=PCLObjective, description="objective, chosen by `name`; each has its own keys"
+    )
     max_tokens: int = Field(51200, ge=2, description="drop samples longer than this (recipe: 51,200)")
     packing: bool = Field(True, description="pack samples into seq_len rows; false = padded")
     seq_len: int = Field(8192, ge=2, description="tokens per packed row")
@@ -408,6 +321,14 @@ class OfflineConfig(Strict):
         default_factory=lambda: RunConfig(global_batch=128),
         description="global_batch counts samples here; micro_batch counts rows",
     )
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _default_objective(cls, value: Any) -> Any:
+        """An objective section without `name` is the default objective (pcl)."""
+        if isinstance(value, dict) and "name" not in value:
+            return {"name": "pcl", **value}
+        return value
 
 
 class TinyConfig(Strict):
@@ -423,20 +344,15 @@ class TinyConfig(Strict):
     overwrite: bool = Field(False, description="replace an existing output folder")
 
 
-STAGE_COMMANDS = ("data synth", "model tiny", "sft", "infer", "verify", "train-offline", "eval",
-                  "compare")
-
-
 class StageSpec(Strict):
     """One stage of a recipe: a command, its config file, and values set on top of it."""
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                       description="unique name; the stage writes into RUN_DIR/<name>/")
-    command: Literal["data synth", "model tiny", "sft", "infer", "verify", "train-offline", "eval",
-                     "compare"] = Field(..., description="the reasoner command this stage runs")
+    command: str = Field(..., description="the stage it runs: data synth, model tiny, sft, infer, "
+                         "verify, train-offline, eval, compare (stages.STAGES)")
     config: Path | None = Field(
-        None, description="stage config YAML, relative to the recipe file (compare needs none)"
-    )
+        None, description="stage config YAML, relative to the recipe file (compare needs none)")
     set: dict[str, Any] = Field(
         default_factory=dict, description="dotted key -> value on top of the config; strings may "
         "name other stages' folders: {sft}, {data}/test_problems, {policy} (newest checkpoint), "
@@ -449,6 +365,15 @@ class StageSpec(Strict):
     reports: list[str] = Field(
         default_factory=list, description="compare: eval stages to compare (default: every eval, in order)"
     )
+
+    @field_validator("command")
+    @classmethod
+    def _known_command(cls, value: str) -> str:
+        from reasoner.stages import STAGES  # the registry imports this module
+
+        if value not in STAGES:
+            raise ValueError(f"unknown stage command {value!r}; one of: {', '.join(STAGES)}")
+        return value
 
 
 class RecipeConfig(Strict):

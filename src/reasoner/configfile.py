@@ -12,14 +12,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from reasoner.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message says what, where and what to do."""
 
 
 def parse_overrides(overrides: list[str]) -> dict[tuple[str, ...], Any]:
@@ -56,18 +63,35 @@ def _set_path(data: dict, path: tuple[str, ...], value: Any, origin: str) -> Non
     node[path[-1]] = value
 
 
-def _model_at(model_cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The pydantic model class that owns the fields at `loc` (a path of field names)."""
-    cls: Any = model_cls
+def _members(ann: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (itself, or the members of a union)."""
+    found = [ann, *getattr(ann, "__args__", ())]
+    return [c for c in found if isinstance(c, type) and issubclass(c, BaseModel)]
+
+
+def _walk(model_cls: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, tuple, str | None]:
+    """Follow `loc` (field names, and the tags pydantic puts in it for tagged unions).
+
+    Returns the model that owns the fields at the end of `loc` (or None), `loc` without the
+    union tags (the path as the user writes it), and the last tag passed (the objective name).
+    """
+    options: list[type[BaseModel]] = [model_cls]
+    path: list[str] = []
+    tag = None
     for part in loc:
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
-            return None
-        ann = cls.model_fields[part].annotation
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        cls = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+        if len(options) > 1:  # a tagged union: this part names the member
+            chosen = [m for m in options if m.model_fields.get("name") is not None
+                      and m.model_fields["name"].default == part]
+            if chosen:
+                options, tag = chosen, part
+                continue
+        path.append(part)
+        owner = options[0] if len(options) == 1 else None
+        if owner is None or part not in owner.model_fields:
+            options = []
+            continue
+        options = _members(owner.model_fields[part].annotation)
+    return (options[0] if len(options) == 1 else None), tuple(path), tag
 
 
 def _yaml_line(path: Path, loc: tuple) -> int | None:
@@ -91,7 +115,7 @@ def _yaml_line(path: Path, loc: tuple) -> int | None:
 
 def _describe(err: dict, model_cls: type[BaseModel], source: str, path: Path | None,
               overrides: dict[tuple[str, ...], str]) -> str:
-    loc = tuple(str(p) for p in err["loc"])
+    _, loc, _ = _walk(model_cls, tuple(str(p) for p in err["loc"]))
     dotted = ".".join(loc)
     where = source
     n = len(loc)
@@ -103,13 +127,17 @@ def _describe(err: dict, model_cls: type[BaseModel], source: str, path: Path | N
         line = _yaml_line(path, loc)
         where = f"{path}:{line}" if line else str(path)
     if err["type"] == "extra_forbidden":
-        owner = _model_at(model_cls, loc[:-1])
+        owner, _, tag = _walk(model_cls, tuple(str(p) for p in err["loc"][:-1]))
         valid = list(owner.model_fields) if owner else []
         close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
         hint = f" (did you mean '{'.'.join((*loc[:-1], close[0]))}'?)" if close else ""
-        return f"{where}: unknown key '{dotted}'{hint}; valid keys here: {', '.join(valid)}"
+        here = f"for {'.'.join(loc[:-1])} '{tag}'" if tag else "here"
+        return f"{where}: unknown key '{dotted}'{hint}; valid keys {here}: {', '.join(valid)}"
     if err["type"] == "missing":
         return f"{where}: missing required value '{dotted}'"
+    if err["type"] == "union_tag_invalid":
+        expected = err.get("ctx", {}).get("expected_tags", "")
+        return f"{where}: '{dotted}.name' must be one of {expected} (got {err['input'].get('name')!r})"
     return f"{where}: '{dotted}' {err['msg'].lower()} (got {err.get('input')!r})"
 
 

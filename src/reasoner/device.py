@@ -11,6 +11,8 @@ from functools import lru_cache
 
 import torch
 
+from reasoner.errors import DependencyError, InputError
+
 
 @lru_cache(maxsize=1)
 def npu_available() -> bool:
@@ -34,12 +36,12 @@ def pick_device(preference: str = "auto", local_rank: int | None = None) -> torc
         preference = "cuda" if cuda_available() else "npu" if npu_available() else "cpu"
     if preference == "cuda":
         if not cuda_available():
-            raise RuntimeError("device=cuda was asked for but torch sees no CUDA GPU")
+            raise InputError("device=cuda was asked for but torch sees no CUDA GPU")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     if preference == "npu":
         if not npu_available():
-            raise RuntimeError(
+            raise DependencyError(
                 "device=npu was asked for but torch_npu is missing or sees no NPU; "
                 "install the extra: pip install 'reasoner[npu]'"
             )
@@ -47,7 +49,7 @@ def pick_device(preference: str = "auto", local_rank: int | None = None) -> torc
         return torch.device("npu", local_rank)
     if preference == "cpu":
         return torch.device("cpu")
-    raise ValueError(f"unknown device {preference!r}; use auto, cpu, cuda or npu")
+    raise InputError(f"unknown device {preference!r}; use auto, cpu, cuda or npu")
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -87,11 +89,41 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "npu":
-        torch.npu.synchronize(device)
+def reduce_dtype(device: torch.device) -> torch.dtype:
+    """Dtype for metric and count reductions: fp64 where the backend has it (HCCL has not)."""
+    return torch.float32 if device.type == "npu" else torch.float64
+
+
+def all_reduce(values: list[float], dist: DistInfo, device: torch.device, op: str = "sum"
+               ) -> list[float]:
+    """Sum (or max) `values` over every process, as a tensor on the process group's device.
+
+    NCCL and HCCL reject CPU tensors, so the tensor lives on `device` (the rank's GPU/NPU);
+    with gloo that is the CPU. One process: the values themselves.
+    """
+    if dist.world_size == 1 or not values:
+        return list(values)
+    import torch.distributed as tdist
+
+    t = torch.tensor(values, dtype=reduce_dtype(device), device=device)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def barrier(dist: DistInfo) -> None:
+    if dist.world_size > 1:
+        import torch.distributed as tdist
+
+        tdist.barrier()
+
+
+def is_main_process() -> bool:
+    """True on rank 0, or when no process group was started (one process)."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        return tdist.get_rank() == 0
+    return int(os.environ.get("RANK", 0)) == 0
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -4,6 +4,12 @@ Layout: token tensors are flat over the response tokens of a batch. `logp`, `old
 `ref_logp`, `weights` are (N,); `sample_index` (N,) says which of the B samples each token
 belongs to (0..B-1). Per-sample tensors are (B,). The same layout serves padded and packed
 batches. Every loss returns `(loss, metrics)` with plain-float metrics.
+
+Aggregation lives in one place, `agg_loss` (as in verl's core_algos). Each loss also takes the
+*global* normaliser of its mean (samples, tokens or positive tokens in the whole global batch,
+over every micro-batch and process). Given it, a micro-batch's loss is its share of the global
+loss, so summing the shares' gradients gives the gradient of the whole batch however it was
+split; left out, the loss is the plain mean over this batch.
 """
 
 from __future__ import annotations
@@ -28,7 +34,32 @@ def segment_mean(x: Tensor, sample_index: Tensor, num_samples: int) -> Tensor:
     return segment_sum(x, sample_index, num_samples) / counts.clamp(min=1)
 
 
-def pcl_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor) -> tuple[Tensor, dict]:
+def global_share(local_mean: Tensor, local_count: float, global_count: float | None) -> Tensor:
+    """A mean over this batch's `local_count` items as its share of the mean over the global
+    batch's `global_count` items: sum / global_count. None: the local mean itself."""
+    if global_count is None:
+        return local_mean
+    return local_mean * (local_count / max(global_count, 1.0))
+
+
+def agg_loss(per_token: Tensor, sample_index: Tensor, num_samples: int, mode: str,
+             global_tokens: float | None = None, global_samples: float | None = None) -> Tensor:
+    """Token values (N,) -> a scalar loss.
+
+    `token-mean`: sum over tokens / tokens in the global batch (every token weighs the same);
+    `seq-mean-token-mean`: sum over samples of each sample's token mean / samples in the
+    global batch (every sample weighs the same, whatever its length).
+    """
+    if mode == "token-mean":
+        return global_share(per_token.mean(), per_token.numel(), global_tokens)
+    if mode == "seq-mean-token-mean":
+        per_sample = segment_mean(per_token, sample_index, num_samples)  # (B,)
+        return global_share(per_sample.mean(), num_samples, global_samples)
+    raise ValueError(f"unknown aggregation {mode!r}: token-mean or seq-mean-token-mean")
+
+
+def pcl_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor,
+             global_samples: float | None = None) -> tuple[Tensor, dict]:
     """PCL-Reasoner-V1.5 offline objective: mean_i [-R_i * exp(mean_t log p_t(y_i))].
 
     The geometric-mean token probability of each response, pushed up for R = +1 and down for
@@ -36,7 +67,7 @@ def pcl_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor) -> tuple[Tenso
     length. (PCL-Reasoner-V1.5 technical report, 2025.)
     """
     geo = segment_mean(logp, sample_index, rewards.shape[0]).exp()  # (B,)
-    loss = (-rewards * geo).mean()
+    loss = global_share((-rewards * geo).mean(), rewards.shape[0], global_samples)
     pos, neg = rewards > 0, rewards < 0
     return loss, {
         "loss": _f(loss),
@@ -45,15 +76,17 @@ def pcl_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor) -> tuple[Tenso
     }
 
 
-def rft_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor) -> tuple[Tensor, dict]:
+def rft_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor,
+             global_pos_tokens: float | None = None) -> tuple[Tensor, dict]:
     """Rejection-sampling fine-tuning: token-mean NLL over the positive samples only.
 
     The baseline every RL result is compared with (Yuan et al. 2023, "Scaling relationship on
-    learning mathematical reasoning with LLMs"). No positives: a zero loss.
+    learning mathematical reasoning with LLMs"). No positives: a zero loss. The global
+    normaliser is the number of positive samples' tokens in the global batch.
     """
     pos_tok = rewards[sample_index] > 0  # (N,)
     n = pos_tok.sum()
-    loss = -(logp * pos_tok).sum() / n.clamp(min=1)
+    loss = global_share(-(logp * pos_tok).sum() / n.clamp(min=1), float(n), global_pos_tokens)
     return loss, {"loss": _f(loss), "pos_tokens": _f(n)}
 
 
@@ -84,7 +117,8 @@ def group_advantages(rewards: Tensor, group_index: Tensor, mode: str = "grpo") -
 
 
 def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_index: Tensor,
-                    eps_low: float = 0.2, eps_high: float = 0.28, agg: str = "token-mean"
+                    eps_low: float = 0.2, eps_high: float = 0.28, agg: str = "token-mean",
+                    global_tokens: float | None = None, global_samples: float | None = None
                     ) -> tuple[Tensor, dict]:
     """PPO-style clipped policy gradient with decoupled clip range (DAPO, Yu et al. 2025).
 
@@ -97,12 +131,7 @@ def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_i
     unclipped = -ratio * adv
     clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * adv
     per_token = torch.maximum(unclipped, clipped)  # (N,)
-    if agg == "token-mean":
-        loss = per_token.mean()
-    elif agg == "seq-mean-token-mean":
-        loss = segment_mean(per_token, sample_index, advantages.shape[0]).mean()
-    else:
-        raise ValueError(f"unknown aggregation {agg!r}: token-mean or seq-mean-token-mean")
+    loss = agg_loss(per_token, sample_index, advantages.shape[0], agg, global_tokens, global_samples)
     with torch.no_grad():
         clip_frac = (clipped > unclipped).float().mean()
     return loss, {"loss": _f(loss), "clip_frac": _f(clip_frac), "ratio_mean": _f(ratio.mean()),
@@ -125,8 +154,8 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
 
 
 def oreal_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, rewards: Tensor,
-               group_accuracy: Tensor, token_weights: Tensor, eta: float = 0.5, beta: float = 0.01
-               ) -> tuple[Tensor, dict]:
+               group_accuracy: Tensor, token_weights: Tensor, eta: float = 0.5, beta: float = 0.01,
+               global_samples: float | None = None) -> tuple[Tensor, dict]:
     """OREAL (Lyu et al. 2025, "Exploring the limit of outcome reward for learning mathematical
     reasoning"): behaviour cloning on positives, reshaped policy gradient on negatives, KL.
 
@@ -143,9 +172,17 @@ def oreal_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, rewards: Te
     bc = -(pos * weighted)  # (B,)
     pg = eta * neg * (p / (1 - p)) * weighted  # (B,)
     kl = segment_mean(kl_penalty(logp, ref_logp, "k3"), sample_index, B)  # (B,)
-    loss = (bc + pg + beta * kl).mean()
+    loss = global_share((bc + pg + beta * kl).mean(), B, global_samples)
     return loss, {"loss": _f(loss), "bc": _f(bc.mean()), "neg_pg": _f(pg.mean()),
                   "kl": _f(kl.mean())}
+
+
+def kl_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, num_samples: int, agg: str,
+            global_tokens: float | None = None, global_samples: float | None = None
+            ) -> tuple[Tensor, float]:
+    """The k3 KL to the reference aggregated like the objective it joins; (loss, mean KL)."""
+    kl = kl_penalty(logp, ref_logp, "k3")  # (N,)
+    return agg_loss(kl, sample_index, num_samples, agg, global_tokens, global_samples), _f(kl.mean())
 
 
 def soft_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, factor: float = 1.0

@@ -16,7 +16,6 @@ RUN_DIR/configs/<name>.yaml, so any stage can be rerun by hand with the printed 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -31,31 +30,16 @@ from typing import Any
 import yaml
 
 from reasoner import shards
-from reasoner.config import (
-    ConfigError,
-    EvalConfig,
-    InferConfig,
-    OfflineConfig,
-    RecipeConfig,
-    SFTConfig,
-    StageSpec,
-    SynthConfig,
-    TinyConfig,
-    VerifyConfig,
-    dump,
-    load,
-)
+from reasoner.config import ConfigError, RecipeConfig, StageSpec, dump, load
+from reasoner.errors import ReasonerError, ShardError
+from reasoner.stages import STAGES
 
 STATE = "pipeline.json"
-CONFIG_MODELS: dict[str, type] = {"data synth": SynthConfig, "model tiny": TinyConfig,
-                                  "sft": SFTConfig, "infer": InferConfig, "verify": VerifyConfig,
-                                  "train-offline": OfflineConfig, "eval": EvalConfig}
-RUNNERS: dict[str, tuple[str, str]] = {
-    "data synth": ("reasoner.data.synthetic", "run"), "model tiny": ("reasoner.models", "build_tiny"),
-    "sft": ("reasoner.sft", "run"), "infer": ("reasoner.infer", "run"),
-    "verify": ("reasoner.verify", "run"), "train-offline": ("reasoner.train_offline", "run"),
-    "eval": ("reasoner.eval", "run")}
-CHECKPOINT_COMMANDS = ("sft", "train-offline")
+
+
+class StageFailed(ReasonerError):
+    """A stage run as a subprocess (`launcher:`) failed; it printed its own error above."""
+
 _REF = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
 
 
@@ -84,9 +68,7 @@ class Stage:
     @property
     def artifact(self) -> str:
         """What to open first in this stage's folder, relative to the run folder."""
-        inner = {"sft": "final", "train-offline": "final", "eval": "report.md",
-                 "compare": "compare.md"}.get(self.command, "")
-        return f"{self.name}/{inner}"
+        return f"{self.name}/{STAGES[self.command].artifact}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,13 +173,14 @@ def plan(recipe: RecipeConfig, base: Path) -> list[Stage]:
                 raise ConfigError(f"{where}: compare takes `reports:` only, no config or set")
             reports = [_resolve_refs(f"{{{r}}}" if not r.startswith("{") else r, latest, run_dir,
                                      policy, where) for r in spec.reports]
-            config: Any = {"reports": reports or [str(run_dir / e) for e in evals]}
+            config: Any = {"reports": reports or [str(run_dir / e) for e in evals],
+                           "output_dir": str(out)}
             if len(config["reports"]) < 2:
                 raise ConfigError(f"{where}: needs two eval stages before it to compare")
         else:
             path = (base / spec.config) if spec.config is not None else None
             try:
-                cfg = load(CONFIG_MODELS[spec.command], path, values={**values, "output_dir": str(out)})
+                cfg = load(STAGES[spec.command].config, path, values={**values, "output_dir": str(out)})
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
             offset = recipe.seed + 1000 * (rnd - 1)
@@ -213,7 +196,7 @@ def plan(recipe: RecipeConfig, base: Path) -> list[Stage]:
         latest[spec.name] = latest[name] = name
         if spec.command == "eval":
             evals.append(name)
-        if spec.command in CHECKPOINT_COMMANDS:
+        if STAGES[spec.command].checkpoint:
             policy = str(out / "final")
     return stages
 
@@ -290,7 +273,7 @@ def _read_state(run_dir: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); delete it to rerun every stage") from exc
+        raise ShardError(f"{path} is not valid JSON ({exc}); delete it to rerun every stage") from exc
 
 
 def decide(stages: list[Stage], state: dict, start: str | None, until: str | None) -> list[Stage]:
@@ -359,53 +342,10 @@ def _execute(stage: Stage, config_path: Path) -> None:
     if stage.spec.launcher:
         result = subprocess.run(command_line(stage, config_path), check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"stage {stage.name} failed (exit {result.returncode}); "
-                               f"rerun `reasoner run` to resume it")
+            raise StageFailed(f"stage {stage.name} failed (exit {result.returncode}); "
+                              f"rerun `reasoner run` to resume it")
         return
-    if stage.command == "compare":
-        from reasoner.eval.report import compare
-
-        compare([Path(r) for r in stage.config["reports"]], stage.out)
-        return
-    module, function = RUNNERS[stage.command]  # imported here: heavy modules load only when used
-    getattr(importlib.import_module(module), function)(stage.config)
-
-
-def headline(stage: Stage) -> tuple[str, dict]:
-    """The numbers worth a glance after a stage: accuracy, dataset size, loss."""
-    out = stage.out
-    if stage.command in ("eval", "compare"):
-        file = out / ("report.json" if stage.command == "eval" else "compare.json")
-        r = json.loads(file.read_text())
-        if stage.command == "eval":
-            lo, hi = r["pass@1_ci95"]
-            m = {"pass@1": r["pass@1"], "ci95": [lo, hi], "mean_tokens": r["mean_response_tokens"]}
-            return (f"pass@1 {100 * r['pass@1']:.1f}% (CI {100 * lo:.1f}-{100 * hi:.1f}), "
-                    f"{r['mean_response_tokens']:.0f} tokens"), m
-        last = r["runs"][-1]
-        lo, hi = last["diff_ci95"]
-        m = {"diff": last["diff"], "diff_ci95": [lo, hi], "significant": last["significant"]}
-        return (f"{Path(last['name']).name} vs {Path(r['runs'][0]['name']).name}: "
-                f"{100 * last['diff']:+.1f} points (paired CI {100 * lo:+.1f} to {100 * hi:+.1f})"), m
-    if stage.command == "model tiny":
-        from reasoner import models
-        params = models.describe(out)["parameters"]
-        return f"{params:,} parameters", {"parameters": params}
-    if stage.command == "data synth":
-        parts = {p.name: (shards.read_manifest(p) or {}).get("counts", {}) for p in sorted(out.iterdir())
-                 if p.is_dir()}
-        text = ", ".join(f"{k} {next(iter(v.values()), '?')}" for k, v in parts.items())
-        return text, {}
-    c = (shards.read_manifest(out) or {}).get("counts", {})
-    if stage.command == "infer":
-        return (f"{c.get('samples')} samples, {c.get('mean_response_tokens', 0):.0f} tokens mean, "
-                f"{100 * c.get('truncation_rate', 0):.1f}% truncated"), c
-    if stage.command == "verify":
-        return (f"{c.get('problems_in')} -> {c.get('problems')} problems, {c.get('samples')} samples "
-                f"({c.get('positives')}+ / {c.get('negatives')}-)"), c
-    loss = c.get("final_loss")
-    return (f"{c.get('steps')} steps, final loss {loss:.4f}" if loss is not None
-            else f"{c.get('steps')} steps"), c
+    STAGES[stage.command].run(stage.config)
 
 
 def _save_state(run_dir: Path, state: dict) -> None:
@@ -424,7 +364,7 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
         return stages
     missing = [s.name for s in stages if s.reason.endswith("!)")]
     if missing:
-        raise ValueError(f"--from {start}: the stages before it are not finished with this recipe "
+        raise ConfigError(f"--from {start}: the stages before it are not finished with this recipe "
                          f"({', '.join(missing)}); run without --from first")
     state = _read_state(run_dir)
     state["recipe"] = dump(recipe)
@@ -445,7 +385,7 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
         started = time.perf_counter()
         _execute(s, path)
         s.seconds = time.perf_counter() - started
-        s.headline, s.metrics = headline(s)
+        s.headline, s.metrics = STAGES[s.command].headline(s.out)
         state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "done",
                                    "command": s.command,
                                    "seconds": round(s.seconds, 2), "headline": s.headline,

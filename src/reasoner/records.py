@@ -85,11 +85,3 @@ class Verified(Sample):
     group_size: int
     group_accuracy: float
     reasoning_tokens: int
-
-
-ROW_TYPES: dict[str, type[Row]] = {
-    "problem": Problem,
-    "sft": SFTExample,
-    "sample": Sample,
-    "verified": Verified,
-}

@@ -1,7 +1,8 @@
 """Verified rollouts as training data: token ids, per-sample rewards and advantages.
 
 Loaded once per train-offline run. Also the per-token scopes of the named pcl options
-(`neg_scope`) and the per-sample signal each objective trains with.
+(`neg_scope`) and the per-sample signal each objective trains with (rewards, pcl's reweighted
+negatives, group advantages), computed once for the whole set.
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ import torch
 from torch import Tensor
 
 from reasoner import losses, shards
-from reasoner.config import ObjectiveConfig, OfflineConfig
+from reasoner.config import (
+    CLIPPED,
+    DiscountedObjective,
+    ObjectiveConfig,
+    OfflineConfig,
+    PCLObjective,
+)
+from reasoner.errors import TrainingError
 from reasoner.records import Verified
-from reasoner.sft import TrainingError
 
 
 @dataclass
@@ -35,6 +42,11 @@ class Rollouts:
 
     def resp_len(self, i: int) -> int:
         return len(self.ids[i]) - self.prompt_lens[i]
+
+    def loss_mask(self, i: int) -> list[bool]:
+        """True on the response tokens of sample i (the tokens that are scored)."""
+        p = self.prompt_lens[i]
+        return [False] * p + [True] * (len(self.ids[i]) - p)
 
 
 def load_rollouts(cfg: OfflineConfig, tokenizer: Any) -> Rollouts:
@@ -98,8 +110,8 @@ def divergence(data: Rollouts) -> list[int]:
 
 
 def token_scope(data: Rollouts, obj: ObjectiveConfig) -> list[list[float]] | None:
-    """Per-token 1/0 masks restricting negatives to their divergent suffix (neg_scope)."""
-    if obj.neg_scope == "all":
+    """Per-token 1/0 masks restricting negatives to their divergent suffix (pcl's neg_scope)."""
+    if not isinstance(obj, PCLObjective) or obj.neg_scope == "all":
         return None
     cut = divergence(data)
     masks = []
@@ -116,11 +128,17 @@ def token_scope(data: Rollouts, obj: ObjectiveConfig) -> list[list[float]] | Non
 def sample_signal(obj: ObjectiveConfig, data: Rollouts) -> Tensor:
     """Per-sample reward or advantage (M,) the objective trains with, computed once."""
     r = data.rewards
-    if obj.name == "pcl":
-        return losses.group_advantages(r, data.groups, "none") if obj.baseline == "group" else r
-    if obj.name in ("rft", "oreal"):
+    if isinstance(obj, PCLObjective):
+        if obj.baseline == "group":
+            r = losses.group_advantages(r, data.groups, "none")
+        scale = torch.full_like(r, obj.neg_weight)
+        if obj.balance:  # each group's negatives weigh as much, together, as its positives
+            p = data.group_acc.clamp(0.0, 1 - 1e-6)
+            scale = scale * p / (1 - p)
+        return torch.where(r < 0, r * scale, r)
+    if not isinstance(obj, CLIPPED):  # rft, oreal: the reward itself
         return r
-    if obj.name == "discounted":
+    if isinstance(obj, DiscountedObjective):
         r = losses.discounted_reward(r > 0, data.reasoning, obj.gamma,
                                      obj.format_reward * data.has_answer.float())
     if obj.overlong_max_len:

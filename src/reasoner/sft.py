@@ -21,17 +21,13 @@ from typing import Any
 
 import torch
 
-from reasoner import __version__, shards, training
+from reasoner import __version__, models, shards, training
 from reasoner import device as dev
 from reasoner.config import SFTConfig, dump
 from reasoner.data import packing, sources
 from reasoner.data.template import render_sft
-from reasoner.logprobs import PolicyLogprobs
+from reasoner.errors import TrainingError
 from reasoner.records import SFTExample
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (non-finite loss, no usable data); the message says what to do."""
 
 
 @dataclass
@@ -118,127 +114,66 @@ def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
 
 def micro_batches(rows: list[int], cfg: SFTConfig, dist: dev.DistInfo,
                   lengths: list[int]) -> list[list[int]]:
-    """This process's micro-batches of a global batch; the same count on every process."""
+    """This process's micro-batches of a global batch (the trainer evens out the count)."""
     mine = rows[dist.rank::dist.world_size]
     if not cfg.packing:  # length-grouped: little padding inside each micro-batch
         mine = sorted(mine, key=lambda r: lengths[r])
     mb = cfg.run.micro_batch
-    count = math.ceil(math.ceil(len(rows) / dist.world_size) / mb)
-    cut = [mine[i * mb:(i + 1) * mb] for i in range(count)]
-    return cut  # an empty list = a zero-weight dummy pass (keeps collectives in step)
+    return [mine[i:i + mb] for i in range(0, len(mine), mb)]
 
 
 def step_loss(policy: torch.nn.Module, batch: packing.Batch, denom: float, scale: float,
-              device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
-    """Backward of one micro-batch's share of the global-batch NLL; returns (loss, nll sum)."""
+              device: torch.device, dtype: torch.dtype) -> training.MicroOut:
+    """Backward of one micro-batch's share of the global-batch NLL (times `scale`)."""
     batch = batch.to(device)
     with dev.autocast(device, dtype):
         logp = policy(batch.input_ids, batch.position_ids, batch.attention_mask, batch.labels)  # (N,)
     nll = -logp.sum()
-    loss = nll / denom * scale
-    loss.backward()
-    return loss, float(nll.detach())
+    (nll / denom * scale).backward()
+    return training.MicroOut({"nll": float(nll.detach()), "real": batch.real_tokens,
+                              "slots": batch.input_ids.numel()})
 
 
 def run(cfg: SFTConfig) -> Path:
     """Train; return the folder of the final HF model (`output_dir/final`)."""
-    from reasoner import models
-
     out = Path(cfg.output_dir)
-    config = dump(cfg)
-    if shards.finished(out, config):
+    if shards.finished(out, dump(cfg)):
         return out / "final"
-    device, dist, dtype = training.setup(cfg.model.device, cfg.model.dtype, cfg.run.seed)
+    env = device, dist, dtype = training.setup(cfg)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer)
     rows = plan_rows(data, cfg)
     lengths = [sum(len(data.ids[i]) for i in row) for row in rows]
-    total = training.total_steps(len(rows), cfg.run)
-    ckpt = training.latest_checkpoint(out) if cfg.run.resume == "auto" else None
-
-    model_cfg = cfg.model.model_copy(update={"name_or_path": str(ckpt or cfg.model.name_or_path),
-                                             "dtype": "float32"})
-    if model_cfg.attn_implementation is None:
-        model_cfg.attn_implementation = "flash_attention_2" if dev.flash_attention_available(
-            device) and cfg.packing else "sdpa"
-    varlen = model_cfg.attn_implementation == "flash_attention_2"
-    model, _ = models.load_model(model_cfg, device)  # fp32 master weights; autocast does bf16
-    if cfg.run.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    model.train()
-    policy = training.shard_model(PolicyLogprobs(model, cfg.run.logprob_chunk), dist)
-    optimizer = training.build_optimizer(policy, cfg.optim)
-    scheduler = training.build_scheduler(optimizer, total, cfg.optim)
-    start = 0
-    metrics = training.MetricsLog(out / "metrics.jsonl", cfg.run.tracking, config, dist.is_main)
-    if ckpt is not None:
-        start = training.load_checkpoint_state(ckpt, policy, optimizer, scheduler)["step"]
-        metrics.truncate_after(start)
-    if dist.is_main:
-        shards.update_manifest(out, stage="sft", config=config, complete=False,
-                               inputs={"model": cfg.model.name_or_path, "data": cfg.data.path})
-
-    timer = training.Timer()
-    seen_tokens = 0
-    last = {}
-    with training.progress_bar(cfg.run.progress and dist.is_main) as bar:
-        task = bar.add_task("sft", total=total, completed=start, info="")
-        for step in range(start, total):
+    attn = cfg.model.attn_implementation or (
+        "flash_attention_2" if dev.flash_attention_available(device) and cfg.packing else "sdpa")
+    varlen = attn == "flash_attention_2"
+    ckpt = training.resume_point(cfg)
+    model = training.load_weights(cfg, ckpt or cfg.model.name_or_path, device, attn)
+    run = training.start(cfg, "sft", env, tokenizer, model, training.total_steps(len(rows), cfg.run),
+                         ckpt, {"model": cfg.model.name_or_path, "data": cfg.data.path})
+    pad = tokenizer.pad_token_id
+    per_epoch = math.ceil(len(rows) / cfg.run.global_batch)
+    last: dict[str, float] = {}
+    with training.progress(run, "sft"):
+        for step in range(run.start, run.total):
             step_rows = training.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed, step)
             denom = sum(data.targets(i) for r in step_rows for i in rows[r])
             mbs = micro_batches(step_rows, cfg, dist, lengths)
-            nll = real = slots = 0.0
-            for j, mb in enumerate(mbs):
-                training.set_grad_sync(policy, j == len(mbs) - 1)
-                weight = 1.0 if mb else 0.0
-                batch = collate(data, [rows[r] for r in (mb or step_rows[:1])], cfg,
-                                tokenizer.pad_token_id, varlen)
-                _, part = step_loss(policy, batch, denom, weight * dist.world_size, device, dtype)
-                nll += part * weight
-                real += batch.real_tokens * weight
-                slots += batch.input_ids.numel() * weight
-            nll, real, slots = training.all_reduce_sum([nll, real, slots], dist)
-            loss = nll / denom
-            if not math.isfinite(loss):
-                optimizer.zero_grad(set_to_none=True)
-                good = training.latest_checkpoint(out)
-                raise TrainingError(
-                    f"non-finite loss ({loss}) at step {step + 1}; no update was applied. "
-                    f"Last good checkpoint: {good or 'none (nothing saved yet)'}. Lower optim.lr "
-                    "or check the data, then rerun to resume from it."
-                )
-            grad_norm = training.clip_grad_norm(policy, cfg.optim.grad_clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            seen_tokens += int(real)
-            tps = seen_tokens / max(timer.elapsed(), 1e-9)
-            last = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps,
-                    "packing_efficiency": real / slots, "epoch": (step + 1) / math.ceil(
-                        len(rows) / cfg.run.global_batch), "response_tokens": denom}
-            if (step + 1) % cfg.run.log_every == 0 or step + 1 == total:
-                metrics.log(step + 1, last)
-            bar.update(task, advance=1, info=f"loss {loss:.4f}  {tps:,.0f} tok/s")
-            if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0 and step + 1 < total:
-                training.save_checkpoint(out, step + 1, policy, model, tokenizer, optimizer,
-                                         scheduler, {"data_position": step + 1},
-                                         cfg.run.keep_last, dist)
-    final_ckpt = training.save_checkpoint(out, total, policy, model, tokenizer, optimizer,
-                                          scheduler, {"data_position": total}, cfg.run.keep_last,
-                                          dist)
-    metrics.close()
-    if dist.is_main:
-        final = training.publish_final(out, final_ckpt)
-        summary = {
-            "steps": total, "resumed_from": start, "examples": len(data.ids),
-            "dropped_over_max_tokens": data.dropped, "rows": len(rows),
-            "packing_efficiency": packing.efficiency(
-                [len(x) for x in data.ids], rows, cfg.seq_len) if cfg.packing else None,
-            "tokens_this_run": seen_tokens, "seconds": round(timer.elapsed(), 2),
-            "final_loss": last.get("loss"), "token_cache_hit": data.cache_hit,
-            "final_model": str(final),
-        }
-        shards.update_manifest(out, counts=summary, complete=True)
-    training.barrier(dist)
-    return out / "final"
+            m = training.accumulate(
+                run, mbs, lambda mb, scale, denom=denom: step_loss(
+                    run.policy, collate(data, [rows[r] for r in mb], cfg, pad, varlen), denom,
+                    scale, device, dtype),
+                dummy=step_rows[:1])
+            loss = m["nll"] / denom
+            last = {"loss": loss, **training.optimizer_step(run, loss, step)}
+            run.tokens += m["real"]
+            last = training.end_step(run, step, {
+                **last, "packing_efficiency": m["real"] / m["slots"],
+                "epoch": (step + 1) / per_epoch, "response_tokens": denom},
+                info=f"loss {loss:.4f}  {run.tokens / max(run.timer.elapsed(), 1e-9):,.0f} tok/s")
+    return training.finish(run, {
+        "examples": len(data.ids), "dropped_over_max_tokens": data.dropped, "rows": len(rows),
+        "packing_efficiency": packing.efficiency(
+            [len(x) for x in data.ids], rows, cfg.seq_len) if cfg.packing else None,
+        "tokens_this_run": int(run.tokens), "final_loss": last.get("loss"),
+        "token_cache_hit": data.cache_hit})

@@ -1,29 +1,34 @@
-"""What `sft` and `train-offline` share: optimiser, schedule, sharding, checkpoints, metrics.
+"""The training core `sft` and `train-offline` share, as plain functions over one `Run`.
 
-Plain functions, no trainer base class. Checkpoints are ordinary HF folders (safetensors,
-tokenizer with its chat template, generation_config) plus `trainer_state.pt` (optimiser,
-scheduler, step, RNG). A checkpoint is written under a temporary name and renamed when
-complete, so an interrupted save never becomes the newest checkpoint.
+`start` builds the run (model wrapped for log-probs and sharded with FSDP2 when several
+processes run, optimiser, schedule, resume from the newest checkpoint, metrics log);
+`accumulate` runs one global batch's micro-batches (the same count on every process, gradient
+sync on the last one only) and reduces their metrics; `optimizer_step` guards against a
+non-finite loss, clips and steps; `end_step` logs (peak memory included), advances the progress
+bar and checkpoints; `finish` saves the final model. Each stage's `run()` is a flat loop over
+these, like a torchtune recipe. Losses scale each micro-batch to its share of the global batch
+(see losses.py), so a step's gradient does not depend on how the batch was cut.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
-import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from reasoner import checkpoints, shards
+from reasoner import device as dev
 from reasoner.config import OptimConfig, RunConfig
 from reasoner.device import DistInfo
-
-CKPT_PREFIX = "checkpoint-"
-
+from reasoner.errors import DependencyError, TrainingError
 
 # --------------------------------------------------------------------------------------------
 # Optimiser and schedule
@@ -84,12 +89,6 @@ def global_batch_rows(num_rows: int, global_batch: int, seed: int, step: int) ->
     return order[k * global_batch:(k + 1) * global_batch]
 
 
-def local_micro_batches(rows: list[int], run: RunConfig, dist: DistInfo) -> list[list[int]]:
-    """This process's share of a global batch, cut into micro-batches."""
-    mine = rows[dist.rank::dist.world_size]
-    return [mine[i:i + run.micro_batch] for i in range(0, len(mine), run.micro_batch)]
-
-
 def total_steps(num_rows: int, run: RunConfig) -> int:
     steps = math.ceil(run.epochs * steps_per_epoch(num_rows, run.global_batch))
     return min(steps, run.max_steps) if run.max_steps else steps
@@ -117,155 +116,6 @@ def set_grad_sync(policy: nn.Module, enabled: bool) -> None:
         policy.set_requires_gradient_sync(enabled)
 
 
-def all_reduce_sum(values: list[float], dist: DistInfo) -> list[float]:
-    if dist.world_size == 1:
-        return values
-    import torch.distributed as tdist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    tdist.all_reduce(t)
-    return t.tolist()
-
-
-def barrier(dist: DistInfo) -> None:
-    if dist.world_size > 1:
-        import torch.distributed as tdist
-
-        tdist.barrier()
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints
-
-
-def list_checkpoints(out_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary folders of interrupted saves are ignored)."""
-    found = []
-    for p in Path(out_dir).glob(f"{CKPT_PREFIX}*"):
-        suffix = p.name[len(CKPT_PREFIX):]
-        if p.is_dir() and suffix.isdigit() and (p / "trainer_state.pt").exists():
-            found.append((int(suffix), p))
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    ckpts = list_checkpoints(out_dir)
-    return ckpts[-1] if ckpts else None
-
-
-def full_state(policy: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Whole (unsharded, CPU) model and optimiser state dicts; a collective under FSDP."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(policy, options=opts)
-    optim_sd = get_optimizer_state_dict(policy, optimizer, options=opts)
-    return model_sd, optim_sd
-
-
-def rng_state() -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-
-
-def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Module,
-                    tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    state: dict, keep_last: int, dist: DistInfo) -> Path:
-    """Write `checkpoint-{step}` atomically: HF folder + trainer_state.pt; keep the newest K."""
-    model_sd, optim_sd = full_state(policy, optimizer)  # collective: every rank calls it
-    final = Path(out_dir) / f"{CKPT_PREFIX}{step}"
-    if dist.is_main:
-        tmp = Path(out_dir) / f".{CKPT_PREFIX}{step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_hf(tmp, hf_model, tokenizer, _untied(hf_model, model_sd))
-        torch.save({"optimizer": optim_sd, "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                    "step": step, **state}, tmp / "trainer_state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **{
-            k: v for k, v in state.items() if isinstance(v, int | float | str)}}, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in list_checkpoints(out_dir)[:-keep_last]:
-            shutil.rmtree(old)
-    barrier(dist)
-    return final
-
-
-def _untied(hf_model: nn.Module, wrapped_sd: dict) -> dict:
-    """The HF model's state dict from the wrapper's, each tied weight once (under its first name).
-
-    A gathered (FSDP) state dict holds tied weights as separate copies, which save_pretrained
-    would write twice; a plain one shares storage and is deduplicated. Both end up alike here.
-    """
-    sd = {k.removeprefix("model."): v for k, v in wrapped_sd.items()}
-    unique = {name for name, _ in hf_model.named_parameters()}
-    aliases = {name for name, _ in hf_model.named_parameters(remove_duplicate=False)} - unique
-    return {k: v for k, v in sd.items() if k not in aliases}
-
-
-def save_hf(folder: Path, hf_model: nn.Module, tokenizer: Any, state_dict: dict | None = None
-            ) -> None:
-    """An ordinary HF folder (safetensors, config, generation_config, tokenizer, chat template)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(folder, state_dict=state_dict)
-    tokenizer.save_pretrained(folder)
-
-
-def load_checkpoint_state(ckpt: Path, policy: nn.Module, optimizer: torch.optim.Optimizer,
-                          scheduler: Any) -> dict:
-    """Restore optimiser, scheduler and RNG from `ckpt`; return the saved trainer state."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    state = torch.load(Path(ckpt) / "trainer_state.pt", map_location="cpu", weights_only=False)
-    set_optimizer_state_dict(policy, optimizer, optim_state_dict=state["optimizer"],
-                             options=StateDictOptions(full_state_dict=True))
-    scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    return state
-
-
-def restore_state(module: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict,
-                  optim_sd: dict) -> None:
-    """Load what `full_state` returned into a (possibly sharded) module and its optimiser."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    opts = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(module, model_sd, options=opts)
-    set_optimizer_state_dict(module, optimizer, optim_state_dict=optim_sd, options=opts)
-
-
-def publish_final(out_dir: Path, ckpt: Path) -> Path:
-    """Copy the last checkpoint's HF files to `out_dir/final` (atomically: tmp, then rename)."""
-    final, tmp = Path(out_dir) / "final", Path(out_dir) / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*"))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
-
-
-def setup(device_pref: str, dtype_pref: str, seed: int) -> tuple[torch.device, DistInfo, torch.dtype]:
-    """Device, process group and compute dtype of a training run; seeds torch."""
-    from reasoner import device as dev
-
-    device = dev.pick_device(device_pref)
-    dist = dev.init_distributed(device)
-    torch.manual_seed(seed)
-    return device, dist, dev.pick_dtype(dtype_pref, device)
-
-
 # --------------------------------------------------------------------------------------------
 # Metrics and progress
 
@@ -284,14 +134,14 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:
-                raise ImportError("tracking: tensorboard needs pip install 'reasoner[tracking]'"
+                raise DependencyError("tracking: tensorboard needs pip install 'reasoner[tracking]'"
                                   ) from exc
             self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
         if "wandb" in sinks:
             try:
                 import wandb
             except ImportError as exc:
-                raise ImportError("tracking: wandb needs pip install 'reasoner[tracking]'") from exc
+                raise DependencyError("tracking: wandb needs pip install 'reasoner[tracking]'") from exc
             self._wandb = wandb.init(config=config, dir=str(self.path.parent))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -304,6 +154,11 @@ class MetricsLog:
                 self._tb.add_scalar(k, v, step)
         if self._wandb:
             self._wandb.log(metrics, step=step)
+
+    def reset(self) -> None:
+        """Start the file afresh (a run from step 0)."""
+        if self.enabled and self.path.exists():
+            self.path.unlink()
 
     def truncate_after(self, step: int) -> None:
         """On resume, forget rows logged after the checkpoint we restart from."""
@@ -342,3 +197,195 @@ class Timer:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class MicroOut:
+    """What one micro-batch's forward + backward reports."""
+
+    sums: dict[str, float]  # added up over micro-batches and processes (loss shares, counts)
+    means: dict[str, float] = field(default_factory=dict)  # averaged by `weight`; NaN skipped;
+    weight: float = 0.0  # keys ending _max / _min take the maximum / minimum instead
+
+
+@dataclass
+class Run:
+    """One training run's live state: what a step, a log line and a checkpoint need."""
+
+    cfg: Any  # the stage config; its `optim`, `run` and `output_dir` are read here
+    device: torch.device
+    dist: DistInfo
+    dtype: torch.dtype
+    tokenizer: Any
+    model: nn.Module  # the HF model: what checkpoints save
+    policy: nn.Module  # PolicyLogprobs around it, FSDP2-sharded with several processes
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    total: int  # optimiser steps in the whole run
+    start: int  # first step of this invocation (> 0 when resumed)
+    saved: dict  # trainer state of the checkpoint resumed from ({} when fresh)
+    metrics: MetricsLog
+    timer: Timer = field(default_factory=lambda: Timer())
+    tokens: float = 0.0  # real tokens trained on by this invocation
+    bar: Any = None
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.output_dir)
+
+
+def setup(cfg: Any) -> tuple[torch.device, DistInfo, torch.dtype]:
+    """Device, process group and compute dtype of a training run; seeds torch."""
+    device = dev.pick_device(cfg.model.device)
+    dist = dev.init_distributed(device)
+    torch.manual_seed(cfg.run.seed)
+    return device, dist, dev.pick_dtype(cfg.model.dtype, device)
+
+
+def resume_point(cfg: Any) -> Path | None:
+    """The checkpoint this run continues from (run.resume=auto), or None for a fresh start."""
+    return checkpoints.latest_checkpoint(cfg.output_dir) if cfg.run.resume == "auto" else None
+
+
+def load_weights(cfg: Any, source: str | Path, device: torch.device, attn: str | None = None
+                 ) -> nn.Module:
+    """fp32 master weights of `source` (the configured model or a checkpoint); autocast computes
+    in the configured dtype on accelerators."""
+    from reasoner import models
+
+    mcfg = cfg.model.model_copy(update={"name_or_path": str(source), "dtype": "float32",
+                                        "attn_implementation": attn or cfg.model.attn_implementation
+                                        or "sdpa"})
+    return models.load_model(mcfg, device)[0]
+
+
+def start(cfg: Any, stage: str, env: tuple[torch.device, DistInfo, torch.dtype], tokenizer: Any,
+          model: nn.Module, total: int, ckpt: Path | None, inputs: dict,
+          temperature: float = 1.0) -> Run:
+    """Wrap and shard `model`, build optimiser and schedule, restore `ckpt` when resuming."""
+    from reasoner.config import dump
+    from reasoner.logprobs import PolicyLogprobs
+
+    device, dist, dtype = env
+    if cfg.run.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    policy = shard_model(PolicyLogprobs(model, cfg.run.logprob_chunk, temperature), dist)
+    optimizer = build_optimizer(policy, cfg.optim)
+    scheduler = build_scheduler(optimizer, total, cfg.optim)
+    config = dump(cfg)
+    log = MetricsLog(Path(cfg.output_dir) / "metrics.jsonl", cfg.run.tracking, config, dist.is_main)
+    saved: dict = {}
+    if ckpt is not None:
+        saved = checkpoints.load_checkpoint_state(ckpt, policy, optimizer, scheduler)
+        log.truncate_after(saved["step"])
+    else:
+        log.reset()  # a fresh start: rows of an earlier, dead run would corrupt the curves
+    if dist.is_main:
+        shards.update_manifest(cfg.output_dir, stage=stage, config=config, complete=False,
+                               inputs=inputs)
+    return Run(cfg, device, dist, dtype, tokenizer, model, policy, optimizer, scheduler, total,
+               saved.get("step", 0), saved, log)
+
+
+@contextmanager
+def progress(run: Run, description: str) -> Iterator[None]:
+    """The run's progress bar (main process only), open for the loop's duration."""
+    with progress_bar(run.cfg.run.progress and run.dist.is_main) as bar:
+        run.bar = (bar, bar.add_task(description, total=run.total, completed=run.start, info=""))
+        yield
+
+
+def accumulate(run: Run, micro_batches: list, step_fn: Callable[[Any, float], MicroOut],
+               dummy: Any) -> dict[str, float]:
+    """Forward + backward of this process's micro-batches of one global batch; reduced metrics.
+
+    Every process runs as many passes as the busiest one (a collective inside FSDP would hang
+    otherwise): the extra passes run `dummy` with weight 0. `step_fn(micro_batch, scale)` must
+    scale its loss by `scale` (world size, or 0 for a dummy pass).
+    """
+    count = len(micro_batches)
+    if run.dist.world_size > 1:
+        count = int(dev.all_reduce([count], run.dist, run.device, "max")[0])
+    sums: dict[str, float] = {}
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    ext: dict[str, float] = {}
+    for j in range(count):
+        real = j < len(micro_batches)
+        set_grad_sync(run.policy, j == count - 1)
+        out = step_fn(micro_batches[j] if real else dummy, run.dist.world_size * float(real))
+        for k, v in out.sums.items():
+            sums[k] = sums.get(k, 0.0) + (v if real else 0.0)
+        for k, v in out.means.items():
+            if k.endswith(("_max", "_min")):  # kept as maxima (minima negated)
+                sign = -1.0 if k.endswith("_min") else 1.0
+                ext[k] = max(ext.get(k, -math.inf), sign * v if real and math.isfinite(v) else -math.inf)
+                continue
+            ok = real and math.isfinite(v)
+            num[k] = num.get(k, 0.0) + (v * out.weight if ok else 0.0)
+            den[k] = den.get(k, 0.0) + (out.weight if ok else 0.0)
+    s, m, x = sorted(sums), sorted(num), sorted(ext)
+    flat = dev.all_reduce([sums[k] for k in s] + [num[k] for k in m] + [den[k] for k in m],
+                          run.dist, run.device)
+    top = dev.all_reduce([ext[k] for k in x], run.dist, run.device, "max")
+    result = dict(zip(s, flat[:len(s)], strict=True))
+    for i, k in enumerate(m):
+        total_weight = flat[len(s) + len(m) + i]
+        result[k] = flat[len(s) + i] / total_weight if total_weight > 0 else math.nan
+    for k, v in zip(x, top, strict=True):
+        result[k] = (-v if k.endswith("_min") else v) if math.isfinite(v) else math.nan
+    return result
+
+
+def optimizer_step(run: Run, loss: float, step: int) -> dict[str, float]:
+    """Clip and apply the accumulated gradient; a non-finite loss stops the run, unapplied."""
+    if not math.isfinite(loss):
+        run.optimizer.zero_grad(set_to_none=True)
+        good = checkpoints.latest_checkpoint(run.out)
+        raise TrainingError(
+            f"non-finite loss ({loss}) at step {step + 1}; no update was applied. "
+            f"Last good checkpoint: {good or 'none (nothing saved yet)'}. Lower optim.lr "
+            "or check the data, then rerun to resume from it.")
+    grad_norm = clip_grad_norm(run.policy, run.cfg.optim.grad_clip)
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return {"lr": lr, "grad_norm": grad_norm}
+
+
+def end_step(run: Run, step: int, metrics: dict[str, float], info: str,
+             extra_state: Callable[[], dict] = dict) -> dict[str, float]:
+    """Log (every run.log_every steps and the last), advance the bar, checkpoint when due."""
+    done, rc = step + 1, run.cfg.run
+    metrics = {**metrics, "tokens_per_s": run.tokens / max(run.timer.elapsed(), 1e-9),
+               **dev.memory_stats(run.device)}
+    if done % rc.log_every == 0 or done == run.total:
+        run.metrics.log(done, metrics)
+    if run.bar is not None:
+        run.bar[0].update(run.bar[1], advance=1, info=info)
+    if rc.save_every and done % rc.save_every == 0 and done < run.total:
+        checkpoints.save_checkpoint(run.out, done, run.policy, run.model, run.tokenizer,
+                                    run.optimizer, run.scheduler, extra_state(), rc.keep_last,
+                                    run.dist)
+    return metrics
+
+
+def finish(run: Run, counts: dict, extra_state: Callable[[], dict] = dict) -> Path:
+    """Save the last checkpoint, publish it as `output_dir/final`, mark the folder complete."""
+    ckpt = checkpoints.save_checkpoint(run.out, run.total, run.policy, run.model, run.tokenizer,
+                                       run.optimizer, run.scheduler, extra_state(),
+                                       run.cfg.run.keep_last, run.dist)
+    run.metrics.close()
+    if run.dist.is_main:
+        final = checkpoints.publish_final(run.out, ckpt)
+        shards.update_manifest(run.out, complete=True, counts={
+            "steps": run.total, "resumed_from": run.start, **counts,
+            "seconds": round(run.timer.elapsed(), 2), "final_model": str(final)})
+    dev.barrier(run.dist)
+    return run.out / "final"

@@ -2,7 +2,15 @@ from pathlib import Path
 
 import pytest
 
-from reasoner.config import ConfigError, SynthConfig, TinyConfig, dump, load, parse_overrides
+from reasoner.config import (
+    ConfigError,
+    OfflineConfig,
+    SynthConfig,
+    TinyConfig,
+    dump,
+    load,
+    parse_overrides,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -114,3 +122,19 @@ def test_every_shipped_config_loads():
             assert stages and all(s.out.parent == Path(stages[0].out.parent) for s in stages)
             recipes += 1
     assert checked >= 2 and recipes == 9
+
+
+def test_each_objective_takes_only_its_own_keys():
+    base = ["model.name_or_path=m", "input_dir=v", "output_dir=o"]
+    cfg = load(OfflineConfig, None, [*base, "objective.name=discounted", "objective.gamma=0.9"])
+    assert cfg.objective.name == "discounted" and cfg.objective.gamma == 0.9
+    assert load(OfflineConfig, None, [*base, "objective.neg_scope=first"]).objective.name == "pcl"
+    with pytest.raises(ConfigError) as err:  # gamma is discounted's, not dapo's: never ignored
+        load(OfflineConfig, None, [*base, "objective.name=dapo", "objective.gamma=0.9"])
+    msg = str(err.value)
+    assert "unknown key 'objective.gamma'; valid keys for objective 'dapo':" in msg
+    assert "eps_high" in msg and "neg_scope" not in msg
+    with pytest.raises(ConfigError, match="'objective.name' must be one of 'pcl', 'rft'"):
+        load(OfflineConfig, None, [*base, "objective.name=ppo"])
+    with pytest.raises(ConfigError, match=r"did you mean 'objective.neg_scope'\?"):
+        load(OfflineConfig, None, [*base, "objective.neg_scop=first"])

@@ -149,3 +149,30 @@ def test_losses_match_naive_loop_values_and_gradients(kind, seed):
     (g_ref,) = torch.autograd.grad(ref, b["logp"])
     assert ours.item() == pytest.approx(float(ref), abs=1e-10)
     assert torch.allclose(g_ours, g_ref, atol=1e-10)
+
+
+def test_shares_of_a_split_batch_add_up_to_the_whole_batch_loss():
+    """Given the global normaliser, each part's loss is its share: the parts sum to the whole."""
+    logp = torch.log(torch.tensor([0.5, 0.25, 0.8, 0.4, 0.1]))
+    idx = torch.tensor([0, 0, 1, 2, 2])
+    r = torch.tensor([1.0, -1.0, 1.0])
+    old = torch.log(torch.tensor([0.4, 0.3, 0.8, 0.5, 0.2]))
+    parts = [(slice(0, 3), slice(0, 2), [0, 0, 1]), (slice(3, 5), slice(2, 3), [0, 0])]
+
+    def split(fn):
+        return sum(float(fn(logp[t], torch.tensor(i), r[s])) for t, s, i in parts)
+
+    whole = L.pcl_loss(logp, idx, r)[0].item()
+    assert split(lambda lp, i, rr: L.pcl_loss(lp, i, rr, global_samples=3)[0]) == pytest.approx(whole)
+    whole = L.rft_loss(logp, idx, r)[0].item()  # positive samples 0 and 2: 4 tokens
+    assert split(lambda lp, i, rr: L.rft_loss(lp, i, rr, global_pos_tokens=4)[0]) == pytest.approx(whole)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        whole = L.clipped_pg_loss(logp, old, r, idx, agg=agg)[0].item()
+        got = sum(float(L.clipped_pg_loss(logp[t], old[t], r[s], torch.tensor(i), agg=agg,
+                                          global_tokens=5, global_samples=3)[0])
+                  for t, s, i in parts)
+        assert got == pytest.approx(whole), agg
+    assert L.agg_loss(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 1]), 2, "token-mean",
+                      global_tokens=6).item() == pytest.approx(9 / 6)
+    assert L.agg_loss(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 1]), 2,
+                      "seq-mean-token-mean", global_samples=4).item() == pytest.approx((2 + 5) / 4)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from reasoner import shards
+from reasoner import reference, shards
 from reasoner import train_offline as T
 from reasoner.config import OfflineConfig
 
@@ -55,81 +55,6 @@ def test_gradient_independent_of_micro_batches_and_packing(tmp_path, tiny_model_
     for name, ref in whole.items():
         for other in (per_row, pad_one, pad_four):
             assert torch.allclose(other[name], ref, atol=1e-10, rtol=1e-7), name
-
-
-def test_divergence_spares_shared_prefixes():
-    r = T.Rollouts(keys=[("a", 0), ("a", 1), ("a", 2)], ids=[[9, 1, 2, 3], [9, 1, 2, 4], [9, 5, 6]],
-                   prompt_lens=[1, 1, 1], rewards=torch.tensor([1.0, -1.0, -1.0]),
-                   groups=torch.tensor([0, 0, 0]), group_acc=torch.full((3,), 1 / 3),
-                   reasoning=torch.zeros(3), has_answer=torch.ones(3, dtype=torch.bool),
-                   old_logp=None, dropped=0)
-    assert T.divergence(r) == [0, 2, 0]
-    obj = OfflineConfig.model_validate({"model": {"name_or_path": "x"}, "input_dir": "x",
-                                        "output_dir": "x", "objective": {"neg_scope": "first"}}).objective
-    assert T.token_scope(r, obj) == [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0]]
-
-
-def test_running_mean_and_token_weights():
-    x = torch.tensor([1.0, 3.0, 2.0, -2.0, 4.0])
-    idx = torch.tensor([0, 0, 1, 1, 1])
-    assert T.running_mean(x, idx).tolist() == pytest.approx([1.0, 2.0, 2.0, 0.0, 4 / 3])
-    w = T.token_weights(torch.tensor([10.0, -10.0]), torch.tensor([0, 1]), torch.tensor([1.0, -1.0]))
-    assert w.tolist() == pytest.approx([2 * torch.sigmoid(torch.tensor(10.0)).item() - 1,
-                                        1 - 2 * torch.sigmoid(torch.tensor(-10.0)).item()])
-
-
-def test_token_reward_model_learns_the_deciding_tokens(tiny_model_dir):
-    """Responses are noise except one token: 'bad' at a random place iff the answer is wrong.
-
-    After training, negatives' weights (w-) sit on and after that token, not before it.
-    """
-    from transformers import AutoModelForCausalLM
-
-    from reasoner.data.packing import collate_padded
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    rm = T.TokenRewardModel(model)
-    opt = torch.optim.AdamW(rm.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(0)
-    BAD = 7
-
-    def batch(n: int = 16):
-        samples, rewards, where = [], [], []
-        for k in range(n):
-            resp = (torch.randint(20, 200, (12,), generator=g)).tolist()
-            wrong = k % 2 == 1
-            pos = int(torch.randint(3, 9, (1,), generator=g))
-            if wrong:
-                resp[pos] = BAD
-            samples.append(([1, 2, 3] + resp, [False] * 3 + [True] * 12))
-            rewards.append(-1.0 if wrong else 1.0)
-            where.append(pos)
-        return collate_padded(samples, 0), torch.tensor(rewards), where
-
-    for _ in range(60):
-        b, rewards, _ = batch()
-        scores = rm(b)
-        idx = b.sample_index[b.labels >= 0]
-        seq = T.losses.segment_mean(scores, idx, len(rewards))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(seq, (rewards > 0).float())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    b, rewards, where = batch(32)
-    with torch.no_grad():
-        scores = rm(b)
-    idx = b.sample_index[b.labels >= 0]
-    w = T.token_weights(scores, idx, rewards)
-    before, after = [], []
-    for s in range(32):
-        if rewards[s] > 0:
-            continue
-        ws = w[idx == s]  # weight of the token predicted at each position: position t holds token t+1
-        bad_at = where[s] + 3 - 1 - 2  # response offset -> label position within the response
-        before += ws[:bad_at].tolist()
-        after += ws[bad_at + 1:].tolist()
-    assert sum(after) / len(after) > 0.3 + sum(before) / len(before)
 
 
 def test_bad_inputs(tmp_path, tiny_model_dir, verified_dir, synth_dir):
@@ -186,14 +111,6 @@ def test_resume_restores_token_rm_and_reference(tmp_path, tiny_model_dir, verifi
     assert all(torch.allclose(a[k], b[k], atol=1e-6, rtol=0) for k in a)
 
 
-def test_plateau_resets_after_patience_and_rebaselines():
-    p = T.Plateau(patience=2)
-    fired = [p.update(v) for v in (0.1, 0.2, 0.2, 0.15, 0.3, 0.4, 0.1)]
-    # 0.2 and 0.15 do not beat 0.2 -> reset at the second; then 0.3 is the new baseline
-    assert fired == [False, False, False, True, False, False, False]
-    assert p.resets == 1 and p.best == 0.4 and p.bad == 1
-
-
 def test_validation_triggered_reset(tmp_path, tiny_model_dir, verified_dir):
     import json
 
@@ -212,5 +129,5 @@ def test_validation_triggered_reset(tmp_path, tiny_model_dir, verified_dir):
     from reasoner.models import load_tokenizer
 
     data = T.load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
-    train, val = T.split_validation(data, cfg.objective, 0)
+    train, val = reference.split_validation(data, cfg.objective, 0)
     assert not set(train) & set(val) and len(train) + len(val) == counts["samples"]

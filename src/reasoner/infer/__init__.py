@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from reasoner import shards
-from reasoner.config import InferConfig, dump
+from reasoner.config import InferConfig, ModelConfig, VLLMConfig, dump
 from reasoner.data import sources
 from reasoner.data.template import render_prompt
+from reasoner.errors import DataError, InputError
 from reasoner.infer.base import Completion, Generator, Request, sample_seed
 from reasoner.records import Problem, Sample
 
 
-def pick_backend(cfg: InferConfig) -> str:
-    if cfg.backend != "auto":
-        return cfg.backend
+def pick_backend(backend: str) -> str:
+    """`auto` -> vllm when it is installed and a GPU or NPU is present, else hf."""
+    if backend != "auto":
+        return backend
     from importlib.util import find_spec
 
     from reasoner import device as dev
@@ -31,24 +33,27 @@ def pick_backend(cfg: InferConfig) -> str:
     return "vllm" if find_spec("vllm") and (dev.cuda_available() or dev.npu_available()) else "hf"
 
 
-def make_generator(cfg: InferConfig, backend: str) -> Generator:
-    if backend == "vllm":
+def make_generator(model: ModelConfig, backend: str, engine: VLLMConfig,
+                   max_model_len: int | None = None, seed: int = 0, logprobs: bool = False,
+                   batch_size: int = 64) -> Generator:
+    """A generator for `model` on `backend` (auto resolved here); infer, eval and the judge
+    each build theirs from their own config."""
+    if pick_backend(backend) == "vllm":
         from reasoner.infer.vllm import VLLMGenerator
 
-        return VLLMGenerator(cfg.model, cfg.vllm, cfg.max_model_len, cfg.sampling.seed,
-                             cfg.sampling.logprobs)
+        return VLLMGenerator(model, engine, max_model_len, seed, logprobs)
     from reasoner.infer.hf import HFGenerator
 
-    return HFGenerator(cfg.model)
+    return HFGenerator(model, batch_size)
 
 
 def load_problems(cfg: InferConfig) -> list[dict]:
     rows = sources.read_rows(cfg.data, Problem)
     if not rows:
-        raise ValueError(f"{cfg.data.path}: no problems to generate for")
+        raise DataError(f"{cfg.data.path}: no problems to generate for")
     dupes = [k for k, v in Counter(r["id"] for r in rows).items() if v > 1]
     if dupes:
-        raise ValueError(f"{cfg.data.path}: duplicate problem ids {dupes[:5]} "
+        raise DataError(f"{cfg.data.path}: duplicate problem ids {dupes[:5]} "
                          f"({len(dupes)} in all); ids must be unique")
     return rows
 
@@ -64,7 +69,7 @@ def _config_key(cfg: InferConfig) -> dict:
 def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = True) -> Path:
     """Generate this shard's samples into `cfg.output_dir`; return the folder."""
     if not 0 <= shard < num_shards:
-        raise ValueError(f"--shard {shard} is outside 0..{num_shards - 1}")
+        raise InputError(f"--shard {shard} is outside 0..{num_shards - 1}")
     out = Path(cfg.output_dir)
     problems = load_problems(cfg)
     config = _config_key(cfg)
@@ -78,10 +83,10 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
     stats = {"generated": 0, "tokens": 0, "prompt_too_long": 0}
     started = time.perf_counter()
     if todo:
-        backend = pick_backend(cfg)
-        gen = make_generator(cfg, backend)
+        gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
+                             cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size)
         try:
-            _generate(cfg, gen, backend, todo, out, shard, stats, progress)
+            _generate(cfg, gen, todo, out, shard, stats, progress)
         finally:
             gen.close()
     stats["seconds"] = time.perf_counter() - started
@@ -89,14 +94,14 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
     return out
 
 
-def _generate(cfg: InferConfig, gen: Any, backend: str, todo: list[tuple[dict, int]], out: Path,
+def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], out: Path,
               shard: int, stats: dict, progress: bool) -> None:
     from reasoner.training import progress_bar
 
     tok = gen.tokenizer
-    window = cfg.max_model_len or _context_window(gen)
+    window = cfg.max_model_len or gen.context_window
     prompts: dict[str, tuple[str, list[int]]] = {}
-    per_call = cfg.batch_size if backend == "hf" else max(cfg.batch_size, 4096)
+    per_call = gen.preferred_batch
     with shards.PartWriter(out, shard) as writer, progress_bar(progress) as bar:
         task = bar.add_task("infer", total=len(todo), info="")
         for start in range(0, len(todo), per_call):
@@ -123,13 +128,6 @@ def _generate(cfg: InferConfig, gen: Any, backend: str, todo: list[tuple[dict, i
                 stats["tokens"] += row.response_tokens
             rate = stats["tokens"] / max(bar.tasks[task].elapsed or 1e-9, 1e-9)
             bar.update(task, advance=len(chunk), info=f"{rate:,.0f} tok/s")
-
-
-def _context_window(gen: Any) -> int:
-    model = getattr(gen, "model", None)
-    if model is not None:
-        return int(model.config.max_position_embeddings)
-    return int(gen.llm.llm_engine.model_config.max_model_len)
 
 
 def _row(cfg: InferConfig, problem: dict, k: int, prompt: str, ids: list[int], seed: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -37,13 +37,20 @@ class Completion:
 
 
 class Generator(Protocol):
+    """What infer, eval and the judge need of a generation backend (hf, vllm)."""
+
     name: str
+    tokenizer: Any  # the model's tokenizer (prompts are rendered and tokenized with it)
+    context_window: int  # longest prompt + response the model takes
+    preferred_batch: int  # requests per `generate` call that keep the backend busy
 
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
         """One completion per request, in request order."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the model (and its memory)."""
+        ...
 
 
 def sample_seed(run_seed: int, problem_id: str, sample_idx: int) -> int:

@@ -40,11 +40,13 @@ class _Sampler:
 class HFGenerator:
     name = "hf"
 
-    def __init__(self, cfg: ModelConfig, device: torch.device | None = None):
+    def __init__(self, cfg: ModelConfig, batch_size: int = 64, device: torch.device | None = None):
         from reasoner import models
 
         self.model, self.tokenizer = models.load_model(cfg, device)
         self.model.eval()
+        self.context_window = int(self.model.config.max_position_embeddings)
+        self.preferred_batch = batch_size  # padded batches: more rows waste compute on padding
         self.device = next(self.model.parameters()).device
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id

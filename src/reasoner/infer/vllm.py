@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from reasoner.config import ModelConfig, SamplingConfig, VLLMConfig
+from reasoner.errors import DependencyError
 from reasoner.infer.base import Completion, Request
 
 
@@ -26,7 +27,7 @@ class VLLMGenerator:
         try:
             from vllm import LLM
         except ImportError as exc:
-            raise ImportError(vllm_missing_message()) from exc
+            raise DependencyError(vllm_missing_message()) from exc
         kwargs: dict[str, Any] = {
             "model": cfg.name_or_path, "tensor_parallel_size": engine.tensor_parallel_size,
             "gpu_memory_utilization": engine.gpu_memory_utilization, "seed": seed,
@@ -41,6 +42,8 @@ class VLLMGenerator:
             kwargs["logprobs_mode"] = "processed_logprobs"
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+        self.context_window = int(self.llm.llm_engine.model_config.max_model_len)
+        self.preferred_batch = 4096  # continuous batching: hand vLLM plenty at once
 
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
         from vllm import SamplingParams

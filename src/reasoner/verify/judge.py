@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
-from reasoner.config import InferConfig, JudgeConfig, SamplingConfig, TemplateConfig
+from reasoner.config import JudgeConfig, SamplingConfig, TemplateConfig
 from reasoner.data.template import render_messages
+from reasoner.errors import ConfigError
 from reasoner.infer.base import Request, sample_seed
 
 _FINAL = re.compile(r"\\boxed\{\s*([01])\s*\}\s*$")
@@ -39,11 +39,11 @@ def parse_verdict(reply: str) -> int | None:
 def load_prompt(path: Path) -> str:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"judge prompt template {path} does not exist (judge.prompt_file)")
+        raise ConfigError(f"judge prompt template {path} does not exist (judge.prompt_file)")
     text = path.read_text()
     missing = [k for k in ("{problem}", "{reference}", "{candidate}") if k not in text]
     if missing:
-        raise ValueError(f"{path}: the judge prompt must contain {', '.join(missing)}")
+        raise ConfigError(f"{path}: the judge prompt must contain {', '.join(missing)}")
     return text
 
 
@@ -61,16 +61,14 @@ class Judge:
     """Batched judging through an infer backend; verdicts 1 / 0 / None (invalid)."""
 
     def __init__(self, cfg: JudgeConfig):
-        from reasoner.infer import make_generator, pick_backend
+        from reasoner.infer import make_generator
 
         if cfg.model is None:
-            raise ValueError("this verify mode needs a judge model: set judge.model.name_or_path")
+            raise ConfigError("this verify mode needs a judge model: set judge.model.name_or_path")
         self.cfg = cfg
         self.template = load_prompt(cfg.prompt_file)
-        infer_cfg = InferConfig(model=cfg.model, data={"path": "-"}, output_dir=Path("-"),
-                                backend=cfg.backend, max_model_len=cfg.max_model_len,
-                                vllm=cfg.vllm, sampling=self._sampling(0))
-        self.gen: Any = make_generator(infer_cfg, pick_backend(infer_cfg))
+        self.gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
+                                  batch_size=cfg.batch_size)
         self.tokenizer = self.gen.tokenizer
 
     def _sampling(self, attempt: int) -> SamplingConfig:
@@ -95,8 +93,8 @@ class Judge:
             if not todo:
                 break
             sampling = self._sampling(attempt)
-            for start in range(0, len(todo), self.cfg.batch_size):
-                batch = todo[start:start + self.cfg.batch_size]
+            for start in range(0, len(todo), self.gen.preferred_batch):
+                batch = todo[start:start + self.gen.preferred_batch]
                 requests = [Request(items[i]["id"], items[i]["sample_idx"], prompts[i],
                                     sample_seed(attempt, items[i]["id"], items[i]["sample_idx"]),
                                     self.cfg.max_tokens) for i in batch]

@@ -8,6 +8,7 @@ cap: a worker past its deadline is killed and replaced, and the item's verdict i
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import time
@@ -150,7 +151,13 @@ class VerifierPool:
         self.close()
 
 
-_DEFAULT: VerifierPool | None = None
+_DEFAULT: VerifierPool | None = None  # the pool behind is_equivalent, closed at exit
+
+
+@atexit.register
+def _close_default() -> None:
+    if _DEFAULT is not None:
+        _DEFAULT.close()
 
 
 def is_equivalent(reference: str, candidate: str, timeout_s: float = 5.0) -> bool | None:

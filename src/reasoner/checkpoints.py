@@ -1,0 +1,140 @@
+"""Checkpoints: ordinary HF folders plus `trainer_state.pt`, written atomically.
+
+A checkpoint holds the model as safetensors with its config, generation_config and tokenizer
+(chat template included), so any stage and vLLM load it, plus `trainer_state.pt` (optimiser,
+scheduler, step, RNG and whatever the stage adds). It is written under a temporary name and
+renamed when complete, so an interrupted save never becomes the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reasoner.device import DistInfo, barrier
+
+CKPT_PREFIX = "checkpoint-"
+
+
+def list_checkpoints(out_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary folders of interrupted saves are ignored)."""
+    found = []
+    for p in Path(out_dir).glob(f"{CKPT_PREFIX}*"):
+        suffix = p.name[len(CKPT_PREFIX):]
+        if p.is_dir() and suffix.isdigit() and (p / "trainer_state.pt").exists():
+            found.append((int(suffix), p))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    ckpts = list_checkpoints(out_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def full_state(policy: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Whole (unsharded, CPU) model and optimiser state dicts; a collective under FSDP."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(policy, options=opts)
+    optim_sd = get_optimizer_state_dict(policy, optimizer, options=opts)
+    return model_sd, optim_sd
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Module,
+                    tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
+                    state: dict, keep_last: int, dist: DistInfo) -> Path:
+    """Write `checkpoint-{step}` atomically: HF folder + trainer_state.pt; keep the newest K."""
+    model_sd, optim_sd = full_state(policy, optimizer)  # collective: every rank calls it
+    final = Path(out_dir) / f"{CKPT_PREFIX}{step}"
+    if dist.is_main:
+        tmp = Path(out_dir) / f".{CKPT_PREFIX}{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_hf(tmp, hf_model, tokenizer, _untied(hf_model, model_sd))
+        torch.save({"optimizer": optim_sd, "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                    "step": step, **state}, tmp / "trainer_state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **{
+            k: v for k, v in state.items() if isinstance(v, int | float | str)}}, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(out_dir)[:-keep_last]:
+            shutil.rmtree(old)
+    barrier(dist)
+    return final
+
+
+def _untied(hf_model: nn.Module, wrapped_sd: dict) -> dict:
+    """The HF model's state dict from the wrapper's, each tied weight once (under its first name).
+
+    A gathered (FSDP) state dict holds tied weights as separate copies, which save_pretrained
+    would write twice; a plain one shares storage and is deduplicated. Both end up alike here.
+    """
+    sd = {k.removeprefix("model."): v for k, v in wrapped_sd.items()}
+    unique = {name for name, _ in hf_model.named_parameters()}
+    aliases = {name for name, _ in hf_model.named_parameters(remove_duplicate=False)} - unique
+    return {k: v for k, v in sd.items() if k not in aliases}
+
+
+def save_hf(folder: Path, hf_model: nn.Module, tokenizer: Any, state_dict: dict | None = None
+            ) -> None:
+    """An ordinary HF folder (safetensors, config, generation_config, tokenizer, chat template)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(folder, state_dict=state_dict)
+    tokenizer.save_pretrained(folder)
+
+
+def load_checkpoint_state(ckpt: Path, policy: nn.Module, optimizer: torch.optim.Optimizer,
+                          scheduler: Any) -> dict:
+    """Restore optimiser, scheduler and RNG from `ckpt`; return the saved trainer state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    state = torch.load(Path(ckpt) / "trainer_state.pt", map_location="cpu", weights_only=False)
+    set_optimizer_state_dict(policy, optimizer, optim_state_dict=state["optimizer"],
+                             options=StateDictOptions(full_state_dict=True))
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state
+
+
+def restore_state(module: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict,
+                  optim_sd: dict) -> None:
+    """Load what `full_state` returned into a (possibly sharded) module and its optimiser."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(module, model_sd, options=opts)
+    set_optimizer_state_dict(module, optimizer, optim_state_dict=optim_sd, options=opts)
+
+
+def publish_final(out_dir: Path, ckpt: Path) -> Path:
+    """Copy the last checkpoint's HF files to `out_dir/final` (atomically: tmp, then rename)."""
+    final, tmp = Path(out_dir) / "final", Path(out_dir) / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*"))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final

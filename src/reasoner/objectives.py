@@ -1,0 +1,126 @@
+"""The offline objectives' settings: one model per objective, chosen by `name`.
+
+`OfflineConfig.objective` is a tagged union of these, so each objective accepts its own keys
+only: `gamma` under `dapo` is an error naming dapo's valid keys, never silently ignored. The
+losses themselves are in losses.py; train_offline.OBJECTIVES maps each name to its step.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from reasoner.configfile import Strict
+
+
+class _ObjectiveBase(Strict):
+    """Settings every objective shares."""
+
+    logprob_temperature: float = Field(
+        1.0, gt=0, description="divide logits by this when scoring (match the sampling temperature)"
+    )
+
+
+class PCLObjective(_ObjectiveBase):
+    """PCL-Reasoner-V1.5: -R * exp(mean log p); the options below are all off as published."""
+
+    name: Literal["pcl"] = Field("pcl", description="PCL-Reasoner-V1.5's offline objective")
+    neg_weight: float = Field(1.0, ge=0, description="scale of the negatives' term (1 = published)")
+    balance: bool = Field(
+        False, description="weigh each group's negatives by p/(1-p) (p = group accuracy) so they "
+        "carry the weight of its positives (off = published)"
+    )
+    neg_scope: Literal["all", "divergent", "first"] = Field(
+        "all", description="tokens a negative is pushed down on: all (published); divergent: "
+        "from where it leaves every correct response of its group on; first: that token only"
+    )
+    baseline: Literal["none", "group"] = Field(
+        "none", description="use R - mean of its group instead of R (none = published)"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="KL (k3) to the starting model; 0 = none")
+
+
+class RFTObjective(_ObjectiveBase):
+    """Rejection-sampling fine-tuning: token-mean NLL on the positives (the baseline)."""
+
+    name: Literal["rft"] = Field("rft", description="SFT on the correct samples only")
+
+
+class OREALObjective(_ObjectiveBase):
+    """OREAL: behaviour cloning on positives, reshaped policy gradient on negatives, KL."""
+
+    name: Literal["oreal"] = Field("oreal", description="OREAL (Lyu et al. 2025)")
+    eta: float = Field(0.5, ge=0, description="weight of the negatives' term")
+    beta: float = Field(0.01, ge=0, description="KL (k3) coefficient")
+    token_weights: Literal["rm", "uniform"] = Field(
+        "rm", description="token weights from a token reward model, or all 1"
+    )
+    rm_lr: float = Field(1e-5, gt=0, description="token reward model learning rate")
+
+
+class _ClippedObjective(_ObjectiveBase):
+    """Clipped policy gradient with group advantages (DAPO and the objectives built on it)."""
+
+    advantage: Literal["grpo", "rloo", "none"] = Field("grpo", description="group advantage")
+    eps_low: float = Field(0.2, ge=0, description="lower clip range (DAPO: 0.2)")
+    eps_high: float = Field(0.28, ge=0, description="upper clip range (DAPO: 0.28; ProRL: 0.4)")
+    agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="how token losses are averaged"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="KL (k3) to the reference model; 0 = none")
+    old_logprobs: Literal["samples", "recompute"] = Field(
+        "samples", description="behaviour log-probs: those stored by infer, or the starting "
+        "model's computed once (used anyway when the samples lack them and this is allowed)"
+    )
+    allow_recompute: bool = Field(
+        True, description="compute the starting model's log-probs when samples lack them"
+    )
+    overlong_max_len: int | None = Field(None, ge=1, description="soft overlong: max length (DAPO 20480)")
+    overlong_cache_len: int = Field(4096, ge=1, description="soft overlong: penalty ramp (DAPO 4096)")
+    overlong_factor: float = Field(1.0, ge=0, description="soft overlong: penalty at max length")
+
+
+class DAPOObjective(_ClippedObjective):
+    """DAPO (Yu et al. 2025): decoupled clip, token-mean loss, soft overlong penalty."""
+
+    name: Literal["dapo"] = Field("dapo", description="clipped policy gradient (DAPO)")
+
+
+class ProRLObjective(_ClippedObjective):
+    """ProRL (Liu et al. 2025): DAPO plus a KL anchor whose reference is reset now and then."""
+
+    name: Literal["prorl"] = Field("prorl", description="DAPO + KL + reference resets (ProRL)")
+    reset_every: int | None = Field(
+        None, ge=1, description="every N steps reference <- policy and optimiser state cleared"
+    )
+    reset_patience: int | None = Field(
+        None, ge=1, description="also reset when the validation margin (held-out positives' "
+        "minus negatives' geometric-mean probability) has not improved for N checks"
+    )
+    val_fraction: float = Field(0.05, gt=0, lt=1, description="share of groups held out for "
+                                "the validation margin (only with reset_patience)")
+    val_every: int = Field(20, ge=1, description="steps between validation checks")
+
+
+class DiscountedObjective(_ClippedObjective):
+    """Length-efficient RL: reward gamma^K for a correct answer after K reasoning tokens."""
+
+    name: Literal["discounted"] = Field("discounted", description="discounted reward (clipped PG)")
+    gamma: float = Field(0.999, gt=0, le=1, description="reward gamma^K (K think tokens)")
+    format_reward: float = Field(0.0, description="undiscounted reward for a final answer")
+    ref_update_every: int | None = Field(
+        None, ge=1, description="moving reference, updated every M steps"
+    )
+    ref_alpha: float = Field(0.1, ge=0, le=1, description="moving reference: ref <- a*pi + (1-a)*ref")
+
+
+ObjectiveConfig = Annotated[
+    PCLObjective | RFTObjective | OREALObjective | DAPOObjective | ProRLObjective
+    | DiscountedObjective,
+    Field(discriminator="name"),
+]
+OBJECTIVE_MODELS: dict[str, type[Strict]] = {
+    "pcl": PCLObjective, "rft": RFTObjective, "oreal": OREALObjective, "dapo": DAPOObjective,
+    "prorl": ProRLObjective, "discounted": DiscountedObjective}
+CLIPPED = (DAPOObjective, ProRLObjective, DiscountedObjective)

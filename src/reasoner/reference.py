@@ -1,0 +1,131 @@
+"""The reference side of offline RL: the starting model's log-probs, the moving reference,
+ProRL's resets and the held-out margin that can trigger them.
+
+Reference log-probs come from the starting model, computed once into `ref_logprobs/` and read
+back on reruns. A second model stays resident only when the reference moves: ProRL's hard
+resets (reference <- policy, optimiser state cleared; every N steps or when the validation
+margin stalls) or the discounted objective's moving average ref <- a*pi + (1-a)*ref.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from reasoner import device as dev
+from reasoner import shards
+from reasoner.data import packing
+from reasoner.errors import TrainingError
+from reasoner.rollouts import Rollouts
+
+
+@torch.no_grad()
+def response_logprobs(policy: nn.Module, data: Rollouts, samples: list[int], pad_id: int,
+                      device: torch.device, dtype: torch.dtype) -> list[list[float]]:
+    """Log-prob of every response token of `samples` under `policy` (no gradient)."""
+    out: list[list[float]] = []
+    for start in range(0, len(samples), 16):
+        idx = samples[start:start + 16]
+        b = packing.collate_padded([(data.ids[i], data.loss_mask(i)) for i in idx], pad_id).to(device)
+        with dev.autocast(device, dtype):
+            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float().cpu()
+        out += [x.tolist() for x in logp.split([data.resp_len(i) for i in idx])]
+    return out
+
+
+def starting_logprobs(folder: Path, source: str, policy: nn.Module, data: Rollouts, pad_id: int,
+                      device: torch.device, dtype: torch.dtype) -> list[list[float]]:
+    """The starting model's log-probs of every response token, cached in `folder`."""
+    if shards.is_complete(folder):
+        cached = {(r["id"], r["sample_idx"]): r["logprobs"] for r in shards.iter_rows(folder)}
+        if all(k in cached for k in data.keys):
+            return [cached[k] for k in data.keys]
+    out = response_logprobs(policy, data, list(range(len(data.ids))), pad_id, device, dtype)
+    shards.reset(folder, "train-offline reference log-probs", {"input": source})
+    shards.write_rows(folder, ({"id": k[0], "sample_idx": k[1], "logprobs": lp}
+                               for k, lp in zip(data.keys, out, strict=True)))
+    shards.finish(folder, {"samples": len(out)})
+    return out
+
+
+def split_validation(data: Rollouts, obj, seed: int) -> tuple[list[int], list[int]]:
+    """Train and held-out sample indices: whole groups held out, only with reset_patience."""
+    everything = list(range(len(data.ids)))
+    if not getattr(obj, "reset_patience", None):  # a ProRL setting; other objectives hold none out
+        return everything, []
+    groups = sorted(set(data.groups.tolist()))
+    rng = random.Random(seed)
+    held = set(rng.sample(groups, max(1, round(obj.val_fraction * len(groups)))))
+    if len(held) == len(groups):
+        raise TrainingError("reset_patience needs more groups than the validation share holds out")
+    val = [i for i in everything if int(data.groups[i]) in held]
+    return [i for i in everything if int(data.groups[i]) not in held], val
+
+
+class Plateau:
+    """ProRL's validation-triggered reset: True once the margin has not improved (by more than
+    `min_delta`) for `patience` checks in a row."""
+
+    def __init__(self, patience: int, min_delta: float = 1e-4):
+        self.patience, self.min_delta = patience, min_delta
+        self.best, self.bad, self.resets = -math.inf, 0, 0
+
+    def update(self, value: float) -> bool:
+        if value > self.best + self.min_delta:
+            self.best, self.bad = value, 0
+            return False
+        self.bad += 1
+        if self.bad < self.patience:
+            return False
+        self.best, self.bad, self.resets = -math.inf, 0, self.resets + 1  # re-baseline after it
+        return True
+
+
+def validation_margin(policy: nn.Module, data: Rollouts, samples: list[int], pad_id: int,
+                      device: torch.device, dtype: torch.dtype) -> float:
+    """Held-out positives' mean geometric-mean probability minus the negatives'."""
+    lps = response_logprobs(policy, data, samples, pad_id, device, dtype)
+    gm = torch.tensor([math.exp(sum(lp) / max(len(lp), 1)) for lp in lps])
+    r = data.rewards[samples]
+    pos, neg = gm[r > 0], gm[r <= 0]
+    return float((pos.mean() if len(pos) else 0.0) - (neg.mean() if len(neg) else 0.0))
+
+
+def move_reference(obj, step: int, policy: nn.Module, ref: nn.Module | None,
+                   optimizer: torch.optim.Optimizer) -> None:
+    """ProRL's periodic hard reset, or the discounted objective's moving reference."""
+    if getattr(obj, "reset_every", None) and step % obj.reset_every == 0:
+        reset(policy, ref, optimizer)
+    every = getattr(obj, "ref_update_every", None)
+    if every and ref is not None and step % every == 0:
+        average_into(ref, policy, obj.ref_alpha)
+
+
+@torch.no_grad()
+def average_into(ref: nn.Module, policy: nn.Module, alpha: float) -> None:
+    """ref <- alpha * policy + (1 - alpha) * ref, once per parameter.
+
+    Over named_parameters, not the state dict: a state dict lists a tied weight (lm_head and
+    embed_tokens) under both names, and updating it twice would apply alpha twice.
+    """
+    current = plain_state(policy)
+    for name, p in ref.named_parameters():
+        p.mul_(1 - alpha).add_(current[name].to(device=p.device, dtype=p.dtype), alpha=alpha)
+
+
+def reset(policy: nn.Module, ref: nn.Module | None, optimizer: torch.optim.Optimizer) -> None:
+    """ProRL's hard reset: reference <- current policy, optimiser state cleared."""
+    if ref is not None:
+        ref.load_state_dict(plain_state(policy))
+    optimizer.state.clear()
+
+
+def plain_state(policy: nn.Module) -> dict:
+    """The whole (unsharded) state dict of a possibly FSDP2-sharded module."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True))

@@ -1,0 +1,67 @@
+"""`reasoner run`'s decisions: which stages skip, run, rerun or resume, and why."""
+
+from pathlib import Path
+
+import pytest
+
+from reasoner import pipeline
+from reasoner.config import StageSpec
+from reasoner.errors import ConfigError
+
+
+def stages(tmp_path: Path, names=("a", "b", "c")) -> list[pipeline.Stage]:
+    out = []
+    for n in names:
+        (tmp_path / n).mkdir(exist_ok=True)
+        out.append(pipeline.Stage(n, StageSpec(name=n, command="verify"), tmp_path / n, {},
+                                  chain=f"chain-{n}", digest=f"digest-{n}"))
+    return out
+
+
+def done(*names, status="done", **changed) -> dict:
+    return {"stages": {n: {"chain": changed.get(n, f"chain-{n}"), "digest": f"digest-{n}",
+                           "status": status, "seconds": 1.0, "headline": n} for n in names}}
+
+
+def decided(plan):
+    return [(s.status, s.reason) for s in plan]
+
+
+def test_new_finished_and_interrupted(tmp_path):
+    assert decided(pipeline.decide(stages(tmp_path), {"stages": {}}, None, None)) == [("run", "new")] * 3
+    plan = pipeline.decide(stages(tmp_path), done("a", "b", "c"), None, None)
+    assert {s.status for s in plan} == {"skip"} and plan[0].headline == "a"
+    state = done("a", "b")
+    state["stages"]["c"] = {**done("c")["stages"]["c"], "status": "running"}
+    assert decided(pipeline.decide(stages(tmp_path), state, None, None))[2] == (
+        "resume", "interrupted last time")
+
+
+def test_a_changed_stage_reruns_with_everything_after_it(tmp_path):
+    plan = pipeline.decide(stages(tmp_path), done("a", "b", "c", b="old-chain"), None, None)
+    assert [s.status for s in plan] == ["skip", "rerun", "rerun"]
+    assert [s.reason for s in plan[1:]] == ["an earlier stage reran"] * 2  # its chain changed
+    state = done("a", "b", "c", b="old-chain")
+    state["stages"]["b"]["digest"] = "old-digest"  # its own config changed
+    assert [s.reason for s in pipeline.decide(stages(tmp_path), state, None, None)[1:]] == [
+        "config changed", "an earlier stage reran"]
+
+
+def test_output_missing_reruns(tmp_path):
+    s = stages(tmp_path)
+    (tmp_path / "b").rmdir()
+    assert decided(pipeline.decide(s, done("a", "b", "c"), None, None)) == [
+        ("skip", "finished with this config"), ("rerun", "output missing"),
+        ("rerun", "an earlier stage reran")]
+
+
+def test_from_and_until(tmp_path):
+    plan = pipeline.decide(stages(tmp_path), done("a", "b", "c"), "b", "b")
+    assert [s.name for s in plan] == ["a", "b"]
+    assert decided(plan) == [("skip", "before --from"), ("rerun", "--from")]
+    plan = pipeline.decide(stages(tmp_path), {"stages": {}}, "b", None)
+    assert plan[0].reason == "before --from (not finished with this config!)"
+    with pytest.raises(ConfigError, match="--until x: no such stage"):
+        pipeline.decide(stages(tmp_path), {"stages": {}}, None, "x")
+    with pytest.raises(ConfigError, match="comes after"):
+        pipeline.decide(stages(tmp_path), {"stages": {}}, "c", "a")
