@@ -14,27 +14,108 @@ import os
 import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from reasoner.verify.normalize import (
+    letters,
+    plain_number,
+    primes,
+    same_number,
+    strip_assignment,
+    strip_fonts,
+    strip_unit,
+    symbol_letters,
+)
 
 SENTINEL = None
+
+
+def _is_prose(text: str) -> bool:
+    """Text with math delimiters in it (an escaped dollar sign `\\$` is not one)."""
+    return "$" in text.replace("\\$", "") or "\\(" in text or "\\[" in text
 
 
 def _parse(text: str):
     from math_verify import parse
 
+    if _is_prose(text):  # prose with math in it: math-verify's own extraction finds the math
+        return parse(text, parsing_timeout=None)
     # Wrapping in $...$ lets the LaTeX extractor read bare LaTeX (\frac12, \{1,2\}); the plain
     # expression extractor in math-verify's defaults covers the rest.
     parsed = parse(f"${text}$", parsing_timeout=None)
     return parsed if parsed else parse(text, parsing_timeout=None)
 
 
-def check(reference: str, candidate: str) -> bool:
-    """math-verify's verdict, in this process, with no time limit (workers call this)."""
+def _imaginary(gold, pred) -> bool | None:
+    """With `i` the only symbol on either side, compare with i as the imaginary unit
+    (i(2-i) = 1+2i, i^2 = -1); None when that reading does not apply."""
+    import sympy
+
+    if not (isinstance(gold, sympy.Expr) and isinstance(pred, sympy.Expr)):
+        return None
+    symbols = gold.free_symbols | pred.free_symbols
+    if not symbols or {s.name for s in symbols} != {"i"}:
+        return None
+    unit = {s: sympy.I for s in symbols}
+    return bool(sympy.simplify(gold.subs(unit) - pred.subs(unit)) == 0)
+
+
+def compare(reference: str, candidate: str) -> dict[str, Any]:
+    """math-verify's verdict on two final answers, with what each side was read as and why.
+
+    Before math-verify (see normalize.py): fonts dropped; a prime on one side only is a
+    mismatch; a reference that is a plain number (unit words from a closed list removed) is
+    compared as a number with a candidate that is one too (thousands separators, decimal
+    comma, fractions, mixed numbers); a comma list against an ordered tuple is read as a tuple.
+    """
     from math_verify import verify
 
-    gold, pred = _parse(str(reference)), _parse(str(candidate))
+    from reasoner.verify.extract import extract_answer
+
+    ref, cand = str(reference), str(candidate)
+    if "\\boxed" in ref or "\\fbox" in ref:  # a worked solution as reference: its boxed answer
+        ref = extract_answer(ref) or ref
+    ref, cand = strip_fonts(ref), strip_fonts(cand)
+    if "".join(ref.split()) == "".join(cand.split()):
+        return {"correct": True, "reason": "the same text", "gold": ref, "pred": cand}
+    if not _is_prose(ref) and not _is_prose(cand) and primes(ref) != primes(cand):
+        return {"correct": False, "reason": "a prime on one side only (E' is not E)",
+                "gold": ref, "pred": cand}
+    ref_value = plain_number(strip_unit(ref))
+    if ref_value is not None:
+        cand = strip_assignment(cand)
+        cand_value = plain_number(strip_unit(cand))
+        if cand_value is not None:
+            same = same_number(ref_value, cand_value)
+            return {"correct": same, "reason": f"plain numbers {'equal' if same else 'differ'}",
+                    "gold": str(ref_value), "pred": str(cand_value)}
+        ref, cand = str(ref_value), strip_unit(cand)  # the reference's value, written plainly
+    gold = _parse(ref)
+    if gold and type(gold[0]).__name__ == "Tuple" and "," in cand and cand.lstrip()[:1] not in "([{\\":
+        cand = f"({cand})"  # several boxes against an ordered reference: order counts
+    pred = _parse(cand)
+    detail = {"gold": str(gold[0]) if gold else None, "pred": str(pred[0]) if pred else None}
     if not gold or not pred:
-        return False
-    return bool(verify(gold, pred, timeout_seconds=None))
+        return {**detail, "correct": False,
+                "reason": f"math-verify could not parse the {'reference' if not gold else 'answer'}"}
+    if not _is_prose(ref) and not _is_prose(cand):
+        lost_ref = letters(ref) - symbol_letters(gold[0])
+        lost = lost_ref | (letters(cand) - symbol_letters(pred[0]))
+        if lost_ref or (lost and letters(ref) != letters(cand)):
+            # math-verify read "12 ab" as 12 (or a whole reference as 2): what it dropped may be
+            # the whole difference, so only the same text (checked above) counts
+            return {**detail, "correct": False,
+                    "reason": f"math-verify dropped {', '.join(sorted(lost))}; the texts differ"}
+    imaginary = _imaginary(gold[0], pred[0])
+    if imaginary is not None:
+        return {**detail, "correct": imaginary, "reason": "compared with i as the imaginary unit"}
+    same = bool(verify(gold, pred, timeout_seconds=None))
+    return {**detail, "correct": same, "reason": f"math-verify: {'equivalent' if same else 'not equivalent'}"}
+
+
+def check(reference: str, candidate: str) -> bool:
+    """The verdict of `compare`, in this process, with no time limit (workers call this)."""
+    return compare(reference, candidate)["correct"]
 
 
 def _worker(conn: Connection, memory_mb: int) -> None:
@@ -55,11 +136,11 @@ def _worker(conn: Connection, memory_mb: int) -> None:
             return
         ref, cand = item
         try:
-            result: bool | None = check(ref, cand)
+            result: dict | None = compare(ref, cand)
         except MemoryError:
             result = None
-        except Exception:  # noqa: BLE001  a parse failure of odd input means "not equivalent"
-            result = False
+        except Exception as exc:  # noqa: BLE001  a parse failure of odd input: not equivalent
+            result = {"correct": False, "reason": f"math-verify raised {type(exc).__name__}: {exc}"}
         conn.send(result)
 
 
@@ -86,9 +167,13 @@ class VerifierPool:
             self._workers.append(self._spawn())
 
     def map(self, pairs: Iterable[tuple[str, str]]) -> list[bool | None]:
-        """Verdicts in input order; each item has its own deadline."""
+        """Verdicts in input order (None: past its deadline); each item has its own deadline."""
+        return [None if d is None else d["correct"] for d in self.explain(pairs)]
+
+    def explain(self, pairs: Iterable[tuple[str, str]]) -> list[dict | None]:
+        """`compare`'s answer per pair, in input order; None for a pair past its deadline."""
         items = list(pairs)
-        results: list[bool | None] = [None] * len(items)
+        results: list[dict | None] = [None] * len(items)
         self._ensure()
         pending = iter(range(len(items)))
         busy: dict[Connection, tuple[int, float, int]] = {}  # conn -> (item, deadline, slot)

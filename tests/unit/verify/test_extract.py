@@ -17,7 +17,7 @@ CASES = [
     ("\\boxed{12", None),
     # boxes
     ("so \\boxed{7}", "7"),
-    ("\\boxed{1} and \\boxed{2}", "2"),
+    ("\\boxed{1} and \\boxed{2}", "1, 2"),  # several boxes: one answer, a list
     ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
     ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
     ("\\boxed{{1,2}}", "{1,2}"),
@@ -41,10 +41,21 @@ CASES = [
     ("<answer>$12$</answer>", "12"),
     ("<answer>\\(12\\)</answer>", "12"),
     ("<answer>12.</answer>", "12"),
-    ("\\boxed{12 meters}", "12"),
-    ("\\boxed{12\\text{ cm}}", "12"),
-    ("\\boxed{7 apples.}", "7"),
-    ("<answer>3/4 cup</answer>", "3/4"),
+    ("\\boxed{12 meters}", "12 meters"),  # units stay: rules strips a closed list
+    ("\\boxed{12\\text{ cm}}", "12\\text{ cm}"),
+    ("\\boxed{7 apples.}", "7 apples"),
+    ("<answer>3/4 cup</answer>", "3/4 cup"),
+    # several answers: the boxes of the answer block, or the last run of boxes
+    ("<answer>\\boxed{1}, \\boxed{2}, \\boxed{3}</answer>", "1, 2, 3"),
+    ("\\boxed{(2,2)} and \\boxed{(6,2)}", "(2,2), (6,2)"),
+    ("so \\boxed{3}. Checking again, the answer is \\boxed{5}", "5"),  # a sentence apart: not one
+    ("\\boxed{5} and \\boxed{5}", "5"),
+    ("\\boxed{(3,3)} \\text{ for part (a) and } \\boxed{(1,1)}", "(3,3), (1,1)"),
+    ("\\boxed{12 $ and $ 13}", "12, 13"),
+    # nothing that changes the mathematics
+    ("\\boxed{2x}", "2x"),
+    ("\\boxed{E'}", "E'"),
+    ("\\boxed{f'(x)}", "f'(x)"),
     # no answer
     ("The answer is 5.", None),
     ("", None),
