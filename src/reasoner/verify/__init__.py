@@ -108,6 +108,19 @@ def agreement(verdicts: list[dict]) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
+def _write_disagreements(path: Path, samples: list[dict], verdicts: dict) -> None:
+    """Samples where the rule verifier and the judge disagree (mode both), for a person to read."""
+    lines = []
+    for s in samples:
+        v = verdicts[(s["id"], s["sample_idx"])]
+        if v.get("judge_verdict") is not None and v["judge_verdict"] != v.get("rule_verdict"):
+            lines.append(json.dumps({"id": s["id"], "sample_idx": s["sample_idx"],
+                                     "reference": s["answer"], "extracted": v["extracted"],
+                                     "rule": v["rule_verdict"], "judge": v["judge_verdict"],
+                                     "judge_output": (v.get("judge_output") or "")[-600:]}))
+    shards.atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
 def _reasoning_counter(cfg: VerifyConfig, model: str) -> Any:
     from reasoner.models import load_tokenizer
 
@@ -171,6 +184,8 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     extra = {"filters": report, "decontaminated": removed[:100],
              "agreement": agreement(list(verdicts.values())),
              "seconds": round(time.perf_counter() - started, 2)}
+    if cfg.mode == "both":
+        _write_disagreements(out / "disagreements.jsonl", samples, verdicts)
     shards.atomic_write_text(out / "stats.json", json.dumps({"counts": counts, **extra}, indent=2) + "\n")
     shards.finish(out, counts, **extra)
     return out

@@ -68,3 +68,11 @@ def test_judge_end_to_end_with_tiny_model(tmp_path, synth_dir, tiny_model_dir):
     assert all(r["verdict"] == "invalid" for r in rows if parse_verdict(r["judge_output"]) is None)
     manifest = shards.read_manifest(out)
     assert sum(manifest["agreement"].values()) == 6
+    # mode both: every rule / judge disagreement is listed for a person to read, and only those
+    import json
+
+    verdicts = {(v["id"], v["sample_idx"]): v for v in shards.iter_rows(out / verify.VERDICTS)}
+    listed = [json.loads(line) for line in (out / "disagreements.jsonl").read_text().splitlines()]
+    expected = {k for k, v in verdicts.items() if v["rule_verdict"] != v["judge_verdict"]}
+    assert {(d["id"], d["sample_idx"]) for d in listed} == expected and expected
+    assert all(d["rule"] != d["judge"] for d in listed)
