@@ -39,7 +39,7 @@ def global_share(local_mean: Tensor, local_count: float, global_count: float | N
     batch's `global_count` items: sum / global_count. None: the local mean itself."""
     if global_count is None:
         return local_mean
-    return local_mean * (local_count / max(global_count, 1.0))
+    return local_mean * local_count / max(global_count, 1.0)
 
 
 def agg_loss(per_token: Tensor, sample_index: Tensor, num_samples: int, mode: str,

@@ -67,11 +67,10 @@ def test_token_cache_reused_and_long_examples_dropped(tmp_path, synth_dir, tiny_
     assert resp.startswith("<think>") and resp.endswith("<|im_end|>")
 
 
-def test_micro_batches_same_count_on_every_process():
+def test_micro_batches_split_the_global_batch_between_processes():
     cfg = SFTConfig.model_validate({"model": {"name_or_path": "x"}, "data": {"path": "x"},
                                     "output_dir": "o", "run": {"micro_batch": 2}})
-    rows = list(range(7))
-    counts = [len(sft.micro_batches(rows, cfg, dev.DistInfo(r, 2, r), [1] * 7)) for r in (0, 1)]
-    assert counts == [2, 2]
-    parts = [sft.micro_batches(rows, cfg, dev.DistInfo(r, 2, r), [1] * 7) for r in (0, 1)]
+    rows = list(range(5))
+    parts = [sft.micro_batches(rows, cfg, dev.DistInfo(r, 2, r), [1] * 5) for r in (0, 1)]
+    assert [len(p) for p in parts] == [2, 1]  # uneven: training.accumulate evens the count out
     assert sorted(i for p in parts for mb in p for i in mb) == rows

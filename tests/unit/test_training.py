@@ -58,3 +58,29 @@ def test_metrics_file_restarts_on_a_fresh_run_and_truncates_on_resume(tmp_path):
     log.reset()  # started again from step 0: none of the dead run's rows remain
     log.log(1, {"loss": 9.0})
     assert [json.loads(x) for x in path.read_text().splitlines()] == [{"step": 1, "loss": 9.0}]
+
+
+def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_passes(monkeypatch):
+    """With 2 processes, one holding 1 micro-batch and the other 3: it runs 2 dummy passes at
+    scale 0 (collectives inside FSDP would hang otherwise); their metrics count for nothing."""
+    from reasoner import device as dev
+
+    run = _Run()
+    run.dist = DistInfo(rank=1, world_size=2)
+    reduced = []
+
+    def fake_all_reduce(values, dist, device, op="sum"):
+        reduced.append((list(values), op))
+        return [3] if op == "max" and len(values) == 1 else list(values)
+
+    monkeypatch.setattr(dev, "all_reduce", fake_all_reduce)
+    calls = []
+
+    def step(mb, scale):
+        calls.append((mb, scale))
+        return training.MicroOut({"loss": 1.0}, {"m": 5.0 if mb == "real" else 99.0}, 0.5)
+
+    m = training.accumulate(run, ["real"], step, dummy="dummy")
+    assert calls == [("real", 2.0), ("dummy", 0.0), ("dummy", 0.0)]
+    assert reduced[0] == ([1], "max")  # the count is agreed on first
+    assert m["loss"] == 1.0 and m["m"] == 5.0
