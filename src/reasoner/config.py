@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from reasoner.configfile import ConfigError, Strict, dump, load, parse_overrides  # noqa: F401
 from reasoner.objectives import (  # noqa: F401  (re-exported: config is where users look)
@@ -125,6 +125,14 @@ class RunConfig(Strict):
 # Stage configs
 
 
+def _fits_packed_rows(cfg: Any) -> Any:
+    """A sample longer than a packed row cannot be packed: caught here, not mid-run."""
+    if cfg.packing and cfg.max_tokens > cfg.seq_len:
+        raise ValueError(f"max_tokens ({cfg.max_tokens}) is larger than seq_len ({cfg.seq_len}) "
+                         "with packing: set seq_len >= max_tokens, lower max_tokens, or packing=false")
+    return cfg
+
+
 class SynthConfig(Strict):
     """`reasoner data synth`: synthetic multi-step arithmetic word problems with exact answers."""
 
@@ -161,6 +169,8 @@ class SFTConfig(Strict):
         None, description="token cache folder; default output_dir/token_cache")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
     run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
+
+    _fits = model_validator(mode="after")(_fits_packed_rows)
 
 
 class SamplingConfig(Strict):
@@ -315,12 +325,14 @@ class OfflineConfig(Strict):
     )
     max_tokens: int = Field(51200, ge=2, description="drop samples longer than this (recipe: 51,200)")
     packing: bool = Field(True, description="pack samples into seq_len rows; false = padded")
-    seq_len: int = Field(8192, ge=2, description="tokens per packed row")
+    seq_len: int = Field(51200, ge=2, description="tokens per packed row (>= max_tokens)")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
     run: RunConfig = Field(
         default_factory=lambda: RunConfig(global_batch=128),
         description="global_batch counts samples here; micro_batch counts rows",
     )
+
+    _fits = model_validator(mode="after")(_fits_packed_rows)
 
     @field_validator("objective", mode="before")
     @classmethod
@@ -342,53 +354,3 @@ class TinyConfig(Strict):
     model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="model shape")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags to keep whole")
     overwrite: bool = Field(False, description="replace an existing output folder")
-
-
-class StageSpec(Strict):
-    """One stage of a recipe: a command, its config file, and values set on top of it."""
-
-    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-                      description="unique name; the stage writes into RUN_DIR/<name>/")
-    command: str = Field(..., description="the stage it runs: data synth, model tiny, sft, infer, "
-                         "verify, train-offline, eval, compare (stages.STAGES)")
-    config: Path | None = Field(
-        None, description="stage config YAML, relative to the recipe file (compare needs none)")
-    set: dict[str, Any] = Field(
-        default_factory=dict, description="dotted key -> value on top of the config; strings may "
-        "name other stages' folders: {sft}, {data}/test_problems, {policy} (newest checkpoint), "
-        "{run_dir}"
-    )
-    repeat: bool = Field(False, description="part of the round block repeated `rounds` times")
-    launcher: str | None = Field(
-        None, description="run as a subprocess with this prefix, e.g. 'torchrun --nproc-per-node 8'"
-    )
-    reports: list[str] = Field(
-        default_factory=list, description="compare: eval stages to compare (default: every eval, in order)"
-    )
-
-    @field_validator("command")
-    @classmethod
-    def _known_command(cls, value: str) -> str:
-        from reasoner.stages import STAGES  # the registry imports this module
-
-        if value not in STAGES:
-            raise ValueError(f"unknown stage command {value!r}; one of: {', '.join(STAGES)}")
-        return value
-
-
-class RecipeConfig(Strict):
-    """`reasoner run`: a whole recipe, stage after stage, skipping finished ones."""
-
-    extends: Path | None = Field(
-        None, description="another recipe whose stages (up to `extends_until`) come first; its "
-        "run_dir, seed, rounds and start_model apply unless set here"
-    )
-    extends_until: str | None = Field(None, description="last stage taken from `extends`")
-    run_dir: Path = Field(..., description="every stage writes into RUN_DIR/<stage name>/")
-    seed: int = Field(0, description="added to every `seed` in every stage config (0 = as written)")
-    start_model: str | None = Field(
-        None, description="what {policy} means before any sft / train-offline stage (HF id or folder)"
-    )
-    rounds: int = Field(1, ge=1, description="repeat the `repeat: true` block (infer -> verify -> "
-                        "train-offline [-> eval]) from the newest checkpoint")
-    stages: list[StageSpec] = Field(..., min_length=1, description="the stages, in order")

@@ -116,6 +116,8 @@ def _yaml_line(path: Path, loc: tuple) -> int | None:
 def _describe(err: dict, model_cls: type[BaseModel], source: str, path: Path | None,
               overrides: dict[tuple[str, ...], str]) -> str:
     _, loc, _ = _walk(model_cls, tuple(str(p) for p in err["loc"]))
+    if not loc:  # a check across fields: it names the fields itself
+        return f"{path or source}: {err['msg'].removeprefix('Value error, ')}"
     dotted = ".".join(loc)
     where = source
     n = len(loc)

@@ -30,9 +30,9 @@ from typing import Any
 import yaml
 
 from reasoner import shards
-from reasoner.config import ConfigError, RecipeConfig, StageSpec, dump, load
+from reasoner.config import ConfigError, dump, load
 from reasoner.errors import ReasonerError, ShardError
-from reasoner.stages import STAGES
+from reasoner.stages import STAGES, RecipeConfig, StageSpec
 
 STATE = "pipeline.json"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
 
 from reasoner import shards
 from reasoner.config import (
@@ -23,6 +23,7 @@ from reasoner.config import (
     InferConfig,
     OfflineConfig,
     SFTConfig,
+    Strict,
     SynthConfig,
     TinyConfig,
     VerifyConfig,
@@ -121,9 +122,59 @@ STAGES: dict[str, StageDef] = {s.command: s for s in [
 ]}
 
 
+# --------------------------------------------------------------------------------------------
+# Recipes: lists of registered stages (`reasoner run`)
+
+
+class StageSpec(Strict):
+    """One stage of a recipe: a command, its config file, and values set on top of it."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="unique name; the stage writes into RUN_DIR/<name>/")
+    command: str = Field(..., description="the stage it runs: data synth, model tiny, sft, infer, "
+                         "verify, train-offline, eval, compare (stages.STAGES)")
+    config: Path | None = Field(
+        None, description="stage config YAML, relative to the recipe file (compare needs none)")
+    set: dict[str, Any] = Field(
+        default_factory=dict, description="dotted key -> value on top of the config; strings may "
+        "name other stages' folders: {sft}, {data}/test_problems, {policy} (newest checkpoint), "
+        "{run_dir}"
+    )
+    repeat: bool = Field(False, description="part of the round block repeated `rounds` times")
+    launcher: str | None = Field(
+        None, description="run as a subprocess with this prefix, e.g. 'torchrun --nproc-per-node 8'"
+    )
+    reports: list[str] = Field(
+        default_factory=list, description="compare: eval stages to compare (default: every eval, in order)"
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _known_command(cls, value: str) -> str:
+        if value not in STAGES:
+            raise ValueError(f"unknown stage command {value!r}; one of: {', '.join(STAGES)}")
+        return value
+
+
+class RecipeConfig(Strict):
+    """`reasoner run`: a whole recipe, stage after stage, skipping finished ones."""
+
+    extends: Path | None = Field(
+        None, description="another recipe whose stages (up to `extends_until`) come first; its "
+        "run_dir, seed, rounds and start_model apply unless set here"
+    )
+    extends_until: str | None = Field(None, description="last stage taken from `extends`")
+    run_dir: Path = Field(..., description="every stage writes into RUN_DIR/<stage name>/")
+    seed: int = Field(0, description="added to every `seed` in every stage config (0 = as written)")
+    start_model: str | None = Field(
+        None, description="what {policy} means before any sft / train-offline stage (HF id or folder)"
+    )
+    rounds: int = Field(1, ge=1, description="repeat the `repeat: true` block (infer -> verify -> "
+                        "train-offline [-> eval]) from the newest checkpoint")
+    stages: list[StageSpec] = Field(..., min_length=1, description="the stages, in order")
+
+
 def config_models() -> dict[str, type[BaseModel]]:
     """CLI command -> the config model it reads (every YAML under configs/ loads through it)."""
-    from reasoner.config import RecipeConfig, SFTConfig
-
     found = {cli: s.config for s in STAGES.values() for cli in s.cli if s.config is not None}
     return {**found, "run": RecipeConfig, "export mindspeed": SFTConfig}

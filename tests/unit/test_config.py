@@ -138,3 +138,12 @@ def test_each_objective_takes_only_its_own_keys():
         load(OfflineConfig, None, [*base, "objective.name=ppo"])
     with pytest.raises(ConfigError, match=r"did you mean 'objective.neg_scope'\?"):
         load(OfflineConfig, None, [*base, "objective.neg_scop=first"])
+
+
+def test_packed_rows_must_hold_the_longest_sample():
+    """max_tokens > seq_len with packing used to stop a run at its first long sample."""
+    base = ["model.name_or_path=m", "input_dir=v", "output_dir=o"]
+    with pytest.raises(ConfigError, match=r"max_tokens \(51200\) is larger than seq_len \(8192\)"):
+        load(OfflineConfig, None, [*base, "seq_len=8192"])
+    assert load(OfflineConfig, None, [*base, "seq_len=8192", "packing=false"]).seq_len == 8192
+    assert load(OfflineConfig, None, base).seq_len == 51200  # the defaults fit each other

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from reasoner import pipeline
-from reasoner.config import StageSpec
 from reasoner.errors import ConfigError
+from reasoner.stages import StageSpec
 
 
 def stages(tmp_path: Path, names=("a", "b", "c")) -> list[pipeline.Stage]:

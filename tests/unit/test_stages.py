@@ -5,8 +5,7 @@ import importlib
 import pytest
 
 from reasoner import cli, pipeline
-from reasoner.config import RecipeConfig, StageSpec
-from reasoner.stages import STAGES
+from reasoner.stages import STAGES, RecipeConfig, StageSpec
 
 
 def test_every_runner_imports_and_every_stage_has_a_config_or_is_compare():
