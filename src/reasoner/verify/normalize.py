@@ -101,13 +101,18 @@ def letters(s: str) -> set[str]:
     return {c for w in words if w not in _FUNCTIONS for c in w} - {"e", "i", "E"}
 
 
-def symbol_letters(obj) -> set[str]:
-    """Letters of the free symbols of what math-verify parsed (sets, tuples, equations too; a
-    choice letter or text comes back as a string)."""
+def read_as_number(obj) -> bool:
+    """True when math-verify's reading holds no symbol, function or text: only numbers."""
     if isinstance(obj, str):
-        return set(re.findall(r"[A-Za-z]", obj))
-    names = {getattr(x, "name", "") for x in getattr(obj, "free_symbols", set())}
-    return {c for n in names for c in re.findall(r"[A-Za-z]", n)}
+        return False
+    if getattr(obj, "free_symbols", None):
+        return False
+    atoms = getattr(obj, "atoms", None)
+    if atoms is not None:
+        from sympy.core.function import AppliedUndef
+
+        return not atoms(AppliedUndef)
+    return True
 
 
 def same_number(a: Fraction, b: Fraction) -> bool:
