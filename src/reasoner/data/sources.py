@@ -1,8 +1,13 @@
 """Read rows from a shard folder, a JSONL / JSON / parquet file, or an HF dataset id.
 
-Field mapping renames the data's columns to ours (`fields: {problem: question}`), so public
-datasets with other column names need no conversion step. A bad row is reported as
-`path:line: what is wrong` (`hf://id[split]:row N` for hub datasets).
+Field mapping renames the data's columns to ours (`fields: {problem: question}`), also from
+inside nested objects (`fields: {answer: reward_model.ground_truth}`), so public datasets with
+other column names need no conversion step. Chat data is read natively in both shapes: OpenAI
+(`messages` of `role` / `content`) and ShareGPT (`conversations` of `from` / `value`, roles
+human / gpt / assistant / system, an optional top-level `system` column). Problem rows without
+a `problem` or `answer` column take the first of the usual names (question / prompt / query;
+ground_truth / expected_answer / final_answer). A bad row is reported as `path:line: what is
+wrong` (`hf://id[split]:row N` for hub datasets).
 """
 
 from __future__ import annotations
@@ -15,7 +20,12 @@ from pathlib import Path
 from reasoner import shards
 from reasoner.config import DataConfig
 from reasoner.errors import DataError
-from reasoner.records import Row
+from reasoner.records import Problem, Row, SFTExample
+
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+         "model": "assistant", "bot": "assistant", "system": "system"}
+PROBLEM_NAMES = ("question", "prompt", "query")
+ANSWER_NAMES = ("ground_truth", "expected_answer", "final_answer", "gt_answer")
 
 
 def _located(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
@@ -63,6 +73,56 @@ def _hub(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
         yield f"hf://{cfg.path}[{cfg.split}]:row {i}", dict(row)
 
 
+def lookup(row: dict, dotted: str) -> tuple[bool, object]:
+    """(found, value) of `a.b.0.c` inside nested dicts and lists."""
+    node: object = row
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def as_messages(turns: list, system: object, where: str) -> list[dict]:
+    """OpenAI or ShareGPT turns -> [{role, content}], the `system` column first when set."""
+    out = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
+    for k, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(f"{where}: turn {k} is not an object")
+        role = turn.get("role", turn.get("from"))
+        content = turn.get("content", turn.get("value"))
+        if role not in ROLES or not isinstance(content, str):
+            raise DataError(f"{where}: turn {k} needs role/content (OpenAI) or from/value "
+                            f"(ShareGPT) with a role among {', '.join(ROLES)}; got {sorted(turn)}")
+        out.append({"role": ROLES[role], "content": content})
+    return out
+
+
+def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str) -> dict:
+    """Our field names, from the mapping, the chat shape and the usual column names."""
+    for ours, theirs in cfg.fields.items():
+        found, value = lookup(row, theirs)
+        if found:
+            if theirs in row and theirs != ours:
+                row.pop(theirs)
+            row[ours] = value
+    if row_type is SFTExample:
+        turns = row.get("messages", row.get("conversations"))
+        if isinstance(turns, list) and "prompt" not in row:
+            row["messages"] = as_messages(turns, row.pop("system", None), where)
+            row.pop("conversations", None)
+    if row_type is Problem:
+        for ours, names in (("problem", PROBLEM_NAMES), ("answer", ANSWER_NAMES)):
+            if ours not in row:
+                theirs = next((n for n in names if n in row), None)
+                if theirs is not None:
+                    row[ours] = row.pop(theirs)
+    return row
+
+
 def read_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> list[dict]:
     """All rows, renamed through `cfg.fields` and validated against `row_type`."""
     rows = []
@@ -72,9 +132,7 @@ def read_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> list[dict]:
         if "id" not in row and "id" not in cfg.fields and row_type is not None \
                 and "id" in row_type.model_fields:
             row["id"] = f"{stem}-{len(rows)}"  # files without ids (the AIME jsonl files)
-        for ours, theirs in cfg.fields.items():
-            if theirs in row:
-                row[ours] = row.pop(theirs) if theirs != ours else row[theirs]
+        row = normalize(row, cfg, row_type, where)
         for key in ("id", "answer"):  # ids and reference answers are strings everywhere
             if key in row and isinstance(row[key], int | float) and not isinstance(row[key], bool):
                 row[key] = str(row[key])

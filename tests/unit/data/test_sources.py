@@ -1,0 +1,64 @@
+"""Public datasets' row shapes read natively through the shipped recipe configs, unchanged."""
+
+from pathlib import Path
+
+import pytest
+
+from reasoner.config import InferConfig, SFTConfig, load
+from reasoner.data import sources
+from reasoner.data.template import render_sft
+from reasoner.errors import DataError, ShardError
+from reasoner.records import Problem, SFTExample
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "tests" / "fixtures" / "data"
+
+
+@pytest.mark.parametrize("name", ["am_sharegpt.jsonl", "am_openai.jsonl"])
+def test_am_distilled_rows_read_through_the_pcl_sft_config(name):
+    cfg = load(SFTConfig, REPO / "configs/pcl_reasoner_v1_5/sft.yaml", [f"data.path={FIXTURES / name}"])
+    rows = sources.read_rows(cfg.data, SFTExample)
+    assert len(rows) == 3
+    first = rows[0]["messages"]
+    assert [m["role"] for m in first] == ["system", "user", "assistant"]
+    assert first[0]["content"] == "You are a helpful assistant."
+    assert first[1]["content"] == "What is $3+4\\cdot 2$?"
+    assert first[2]["content"].startswith("<think>Multiplication first")
+    assert [m["role"] for m in rows[1]["messages"]] == ["user", "assistant"]  # empty system: none
+    assert set(first[1]) == {"role", "content"}  # the `info` dicts are left behind
+    prompt, response = render_sft(rows[1], cfg.template)
+    assert "Find the remainder" in prompt and response.endswith("</answer>")
+
+
+def test_sharegpt_without_a_mapping_and_bad_turns(tmp_path):
+    cfg = SFTConfig.model_validate({"model": {"name_or_path": "m"}, "output_dir": "o",
+                                    "data": {"path": str(FIXTURES / "am_sharegpt.jsonl")}})
+    assert len(sources.read_rows(cfg.data, SFTExample)) == 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversations": [{"from": "narrator", "value": "x"}]}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:1: turn 0 needs role/content .* got \['from', 'value'\]"):
+        sources.read_rows(cfg.data.model_copy(update={"path": str(bad)}), SFTExample)
+
+
+@pytest.mark.parametrize("name", ["pcl_rl_math.jsonl", "nemotron_style.jsonl"])
+def test_problem_sets_read_through_the_pcl_infer_config(name):
+    from reasoner.infer import load_problems
+
+    cfg = load(InferConfig, REPO / "configs/pcl_reasoner_v1_5/infer.yaml",
+               [f"data.path={FIXTURES / name}"])
+    rows = load_problems(cfg)
+    assert [(r["problem"][:8], r["answer"]) for r in rows] == [
+        ("What is ", "11"), ("Find the", "2"), ("How many", "9")]
+    assert len({r["id"] for r in rows}) == 3
+
+
+def test_nested_field_mapping():
+    from reasoner.config import DataConfig
+
+    cfg = DataConfig(path=str(FIXTURES / "verl_style.jsonl"),
+                     fields={"problem": "prompt.0.content", "answer": "reward_model.ground_truth"})
+    rows = sources.read_rows(cfg, Problem)
+    assert rows[2]["problem"] == "How many positive divisors does 36 have?" and rows[2]["answer"] == "9"
+    missing = cfg.model_copy(update={"fields": {"answer": "reward_model.nope"}})
+    with pytest.raises(ShardError, match='verl_style.jsonl:1: .*"answer"'):
+        sources.read_rows(missing, Problem)
