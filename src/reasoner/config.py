@@ -85,6 +85,11 @@ class DataConfig(Strict):
         default_factory=dict,
         description="our field name -> the data's field name, e.g. {problem: question}",
     )
+    data_files: str | list[str] | dict[str, Any] | None = Field(
+        None, description="files of an HF dataset (or local files with path json/parquet/csv) to "
+        "read, e.g. the math file of a multi-domain set; null = all of them")
+    streaming: bool = Field(False, description="stream an HF dataset instead of downloading it "
+                            "whole (also used whenever `limit` is set)")
     limit: int | None = Field(None, ge=1, description="read at most this many rows (smoke tests)")
 
 

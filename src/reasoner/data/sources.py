@@ -57,14 +57,24 @@ def _located(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
         yield from _hub(cfg)
 
 
+BUILDERS = ("json", "parquet", "csv", "text", "arrow")  # datasets' own loaders of local files
+
+
 def _hub(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
-    """An HF dataset id (downloaded and cached by `datasets`)."""
-    if "/" not in cfg.path:
-        raise DataError(f"{cfg.path}: no such file or folder (nor an HF dataset id)")
+    """An HF dataset id (downloaded and cached by `datasets`), or a builder over data_files.
+
+    With `streaming` or a `limit`, rows are streamed: a smoke test of a 666K-row set reads
+    its first rows, not the whole download.
+    """
+    if "/" not in cfg.path and not (cfg.path in BUILDERS and cfg.data_files):
+        raise DataError(f"{cfg.path}: no such file or folder (nor an HF dataset id; "
+                        f"{'/'.join(BUILDERS)} need data.data_files)")
     import datasets
 
+    stream = cfg.streaming or cfg.limit is not None
     try:
-        ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split)
+        ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split,
+                                   data_files=cfg.data_files, streaming=stream)
     except Exception as exc:  # noqa: BLE001  (hub errors have many types; all mean the same here)
         raise DataError(
             f"{cfg.path}: neither a local path nor a loadable HF dataset ({type(exc).__name__}: {exc})"

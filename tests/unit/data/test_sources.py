@@ -62,3 +62,21 @@ def test_nested_field_mapping():
     missing = cfg.model_copy(update={"fields": {"answer": "reward_model.nope"}})
     with pytest.raises(ShardError, match='verl_style.jsonl:1: .*"answer"'):
         sources.read_rows(missing, Problem)
+
+
+def test_data_files_and_streaming_with_a_limit(tmp_path):
+    """Pick some files of a multi-file set, and stop after `limit` rows without reading the rest
+    (local files through datasets' json builder: the same code path as a hub id)."""
+    from reasoner.config import DataConfig
+
+    lines = (FIXTURES / "pcl_rl_math.jsonl").read_text().splitlines(keepends=True)
+    files = []
+    for name, part in (("math.jsonl", lines[:2]), ("code.jsonl", lines[2:])):
+        (tmp_path / name).write_text("".join(part))
+        files.append(str(tmp_path / name))
+    cfg = DataConfig(path="json", data_files=files[0], limit=1)
+    assert [r["answer"] for r in sources.read_rows(cfg, Problem)] == ["11"]
+    rows = sources.read_rows(DataConfig(path="json", data_files=files, streaming=True), Problem)
+    assert [r["answer"] for r in rows] == ["11", "2", "9"]
+    with pytest.raises(DataError, match="need data.data_files"):
+        sources.read_rows(DataConfig(path="json"), Problem)
