@@ -20,8 +20,12 @@ def instruction(t: TemplateConfig) -> str:
 
 
 def user_message(problem: str, t: TemplateConfig) -> str:
+    """The problem and the instruction, unless the problem already carries that instruction
+    (benchmark files often end with one: it is not added twice)."""
     text = instruction(t)
-    return f"{problem}\n{text}" if text else problem
+    if not text or " ".join(text.split()) in " ".join(problem.split()):
+        return problem
+    return f"{problem}\n{text}"
 
 
 def _has_chat_template(tokenizer: Any) -> bool:
