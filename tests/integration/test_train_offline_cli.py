@@ -35,11 +35,11 @@ def same(a: Path, b: Path, atol: float) -> bool:
 
 @pytest.mark.slow
 def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_dir):
-    ref = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "ref", "objective.name=dapo"))
+    ref = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "ref", "objective={name: dapo}"))
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "reasoner", *args(tiny_model_dir, verified_dir, out,
-                                                    "objective.name=dapo", "run.save_every=2",
+                                                    "objective={name: dapo}", "run.save_every=2",
                                                     "run.keep_last=5")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     deadline = time.time() + 300
@@ -48,7 +48,7 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    again = reasoner(*args(tiny_model_dir, verified_dir, out, "objective.name=dapo",
+    again = reasoner(*args(tiny_model_dir, verified_dir, out, "objective={name: dapo}",
                            "run.save_every=2", "run.keep_last=5"))
     assert again.returncode == 0, again.stderr
     manifest = json.loads((out / "manifest.json").read_text())
