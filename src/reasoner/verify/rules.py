@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
-import os
 import time
+from collections import deque
 from collections.abc import Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -145,13 +145,32 @@ def _worker(conn: Connection, memory_mb: int) -> None:
         conn.send(result)
 
 
+def _by_reference(items: list[tuple[str, str]], workers: int) -> list[deque[int]]:
+    """Item indices split into one queue per worker, all pairs of a reference in one queue
+    (the samples of a problem share its reference), queues balanced by item count."""
+    groups: dict[str, list[int]] = {}
+    for i, (ref, _) in enumerate(items):
+        groups.setdefault(str(ref), []).append(i)
+    queues: list[deque[int]] = [deque() for _ in range(workers)]
+    for group in sorted(groups.values(), key=len, reverse=True):
+        min(queues, key=len).extend(group)
+    return queues
+
+
 class VerifierPool:
     """N worker processes answering (reference, candidate) -> True / False / None (timeout)."""
 
     def __init__(self, workers: int = 1, timeout_s: float = 5.0, memory_mb: int = 2048):
         self.size, self.timeout_s, self.memory_mb = max(1, workers), timeout_s, memory_mb
-        # fork: replacements start at once, with math-verify already imported in the parent
-        self._ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
+        # forkserver: workers fork from a clean single-threaded server that has math-verify
+        # imported, so replacements start at once. Forking the caller itself is unsafe: after
+        # torch or pyarrow started their thread pools (eval runs a model, then verifies), a
+        # forked child can segfault inside the LaTeX parser.
+        if "forkserver" in mp.get_all_start_methods():
+            self._ctx = mp.get_context("forkserver")
+            self._ctx.set_forkserver_preload(["math_verify", "reasoner.verify.rules"])
+        else:
+            self._ctx = mp.get_context("spawn")
         import math_verify  # noqa: F401
         self._workers: list[tuple[mp.Process, Connection]] = []
         self.replaced = 0
@@ -176,14 +195,17 @@ class VerifierPool:
         items = list(pairs)
         results: list[dict | None] = [None] * len(items)
         self._ensure()
-        pending = iter(range(len(items)))
+        queues = _by_reference(items, len(self._workers))
         busy: dict[Connection, tuple[int, float, int]] = {}  # conn -> (item, deadline, slot)
         free = list(range(len(self._workers)))
 
         def submit(slot: int) -> bool:
-            i = next(pending, None)
-            if i is None:
+            # its own queue first (pairs that share a reference share math-verify's parse
+            # cache in one worker), else the tail of the longest queue
+            queue = queues[slot] or max(queues, key=len)
+            if not queue:
                 return False
+            i = queue.popleft() if queue is queues[slot] else queue.pop()
             _, conn = self._workers[slot]
             conn.send(items[i])
             busy[conn] = (i, time.monotonic() + self.timeout_s, slot)
