@@ -1,3 +1,4 @@
 from reasoner.cli import app
 
-app(prog_name="reasoner")
+if __name__ == "__main__":  # the verifier pool's workers re-import the main module
+    app(prog_name="reasoner")

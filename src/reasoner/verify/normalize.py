@@ -5,7 +5,7 @@ space or `\\,`, a decimal comma, a mixed number, `\\mathcal{B}`, the imaginary u
 a match math-verify would wrongly allow (a prime: math-verify parses `E'` as `E`). Unit words
 are removed only from a closed list and only when the reference is a plain number, so `2x`
 never becomes `2`. Each rule has test cases with a wrong answer that must stay wrong
-(tests/unit/verify/test_rules.py).
+(tests/unit/verify/test_grading.py).
 """
 
 from __future__ import annotations
@@ -74,16 +74,18 @@ def plain_number(s: str) -> Fraction | None:
     if _NUMBER.fullmatch(s):
         return Fraction(s)
     s = re.sub(r"(?<=\d)\.(?=\s*/)", "", s)  # "-1./3": a float-formatted numerator
-    m = re.fullmatch(r"(-?)(\d+)\s*/\s*(\d+)", s) or re.fullmatch(r"(-?)\\frac\{(\d+)\}\{(\d+)\}", s)
-    if m:
-        return (-1 if m.group(1) else 1) * Fraction(int(m.group(2)), int(m.group(3))) if int(
-            m.group(3)) else None
-    m = (re.fullmatch(r"(-?)(\d+)\s+(\d+)\s*/\s*(\d+)", s)
+    # a fraction (3/4, \frac{3}{4}), or a whole number and a proper fraction (3128 1/2)
+    m = (re.fullmatch(r"(-?)()(\d+)\s*/\s*(\d+)", s)
+         or re.fullmatch(r"(-?)()\\frac\{(\d+)\}\{(\d+)\}", s)
+         or re.fullmatch(r"(-?)(\d+)\s+(\d+)\s*/\s*(\d+)", s)
          or re.fullmatch(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}", s))
-    if m and 0 < int(m.group(3)) < int(m.group(4)):  # a proper fraction after a whole number
-        value = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
-        return -value if m.group(1) else value
-    return None
+    if not m:
+        return None
+    sign, whole, num, den = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+    if den == 0 or (whole and not 0 < num < den):
+        return None
+    value = int(whole or 0) + Fraction(num, den)
+    return -value if sign else value
 
 
 _COMMAND_ARG = re.compile(

@@ -78,18 +78,18 @@ def compare(reference: str, candidate: str) -> dict[str, Any]:
     ref, cand = strip_fonts(ref), strip_fonts(cand)
     if "".join(ref.split()) == "".join(cand.split()):
         return {"correct": True, "reason": "the same text", "gold": ref, "pred": cand}
-    if not _is_prose(ref) and not _is_prose(cand) and primes(ref) != primes(cand):
+    if not (_is_prose(ref) or _is_prose(cand)) and primes(ref) != primes(cand):
         return {"correct": False, "reason": "a prime on one side only (E' is not E)",
                 "gold": ref, "pred": cand}
     ref_value = plain_number(strip_unit(ref))
     if ref_value is not None:
-        cand = strip_assignment(cand)
-        cand_value = plain_number(strip_unit(cand))
+        cand = strip_unit(strip_assignment(cand))
+        cand_value = plain_number(cand)
         if cand_value is not None:
             same = same_number(ref_value, cand_value)
             return {"correct": same, "reason": f"plain numbers {'equal' if same else 'differ'}",
                     "gold": str(ref_value), "pred": str(cand_value)}
-        ref, cand = str(ref_value), strip_unit(cand)  # the reference's value, written plainly
+        ref = str(ref_value)  # the reference's value, written plainly
     gold = _parse(ref)
     if gold and type(gold[0]).__name__ == "Tuple" and "," in cand and cand.lstrip()[:1] not in "([{\\":
         cand = f"({cand})"  # several boxes against an ordered reference: order counts
@@ -98,12 +98,13 @@ def compare(reference: str, candidate: str) -> dict[str, Any]:
     if not gold or not pred:
         return {**detail, "correct": False,
                 "reason": f"math-verify could not parse the {'reference' if not gold else 'answer'}"}
-    if not _is_prose(ref) and not _is_prose(cand):
+    if not (_is_prose(ref) or _is_prose(cand)):  # prose: math-verify's own extraction reads it
         # math-verify reads "12 ab" as 12 and "\\hbar\\omega(v+1/2)-..." as 2: letters gone, a
         # number left. Then what it dropped may be the whole difference: only the same text
         # (checked above) counts.
-        ref_lost = letters(ref) and read_as_number(gold[0])
-        cand_lost = letters(cand) and read_as_number(pred[0]) and letters(cand) != letters(ref)
+        ref_letters, cand_letters = letters(ref), letters(cand)
+        ref_lost = ref_letters and read_as_number(gold[0])
+        cand_lost = cand_letters and read_as_number(pred[0]) and cand_letters != ref_letters
         if ref_lost or cand_lost:
             return {**detail, "correct": False, "reason": "math-verify dropped the letters of the "
                     f"{'reference' if ref_lost else 'answer'}; the texts differ"}
@@ -165,7 +166,8 @@ class VerifierPool:
         # forkserver: workers fork from a clean single-threaded server that has math-verify
         # imported, so replacements start at once. Forking the caller itself is unsafe: after
         # torch or pyarrow started their thread pools (eval runs a model, then verifies), a
-        # forked child can segfault inside the LaTeX parser.
+        # forked child can segfault inside the LaTeX parser. As with spawn, a script that uses
+        # the pool needs an `if __name__ == "__main__":` guard (workers re-import it).
         if "forkserver" in mp.get_all_start_methods():
             self._ctx = mp.get_context("forkserver")
             self._ctx.set_forkserver_preload(["math_verify", "reasoner.verify.rules"])
