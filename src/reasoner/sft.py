@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,11 @@ def tokenize(cfg: SFTConfig, tokenizer: Any) -> Tokenized:
         ids = [p + r for p, r in zip(p_ids, r_ids, strict=True)]
         prompt_lens = [len(p) for p in p_ids]
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
+        # every torchrun rank may get here at once: each writes its own temporary file and
+        # os.replace swaps it in atomically (they are identical), so no rank loses a race
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
         torch.save({"ids": ids, "prompt_lens": prompt_lens}, tmp)
-        tmp.rename(cache)
+        os.replace(tmp, cache)
         hit = False
     keep = [i for i, x in enumerate(ids) if len(x) <= cfg.max_tokens and len(x) > prompt_lens[i]]
     if not keep:
