@@ -29,15 +29,38 @@ from reasoner.objectives import (  # noqa: F401  (re-exported: config is where u
 # Shared sections
 
 
+# Published prompts, by name. `pcl_reasoner_v1_5`: the PCL-Reasoner-V1.5 README samples and
+# evaluates with `--system_prompt_type amthinking` (the system prompt of a-m-team's llmeval,
+# `llmeval/utils/prompts.py`), and its AIME files end each problem with the Qwen2.5-Math
+# instruction below (so does ../shared/data/eval/aime24.jsonl).
+TEMPLATE_PRESETS: dict[str, dict[str, str]] = {
+    "pcl_reasoner_v1_5": {
+        "system_prompt": (
+            "You are a helpful assistant. To answer the user's question, you first think about "
+            "the reasoning process and then provide the user with the answer. The reasoning "
+            "process and answer are enclosed within <think> </think> and <answer> </answer> "
+            "tags, respectively, i.e., <think> reasoning process here </think> <answer> answer "
+            "here </answer>."),
+        "instruction": "Please reason step by step, and put your final answer within \\boxed{}.",
+    },
+}
+
+
 class TemplateConfig(Strict):
     """How problems and answers are rendered into prompts and responses (see data/template.py)."""
 
+    preset: str | None = Field(
+        None, description=f"a published prompt ({', '.join(TEMPLATE_PRESETS)}): fills "
+        "system_prompt and instruction unless they are set next to it")
     system_prompt: str | None = Field(
-        None, description="system message put before the problem; None sends no system message")
+        None, description="system message put before the problem in every stage (a data row's own "
+        "system message is used only when this is unset); unset sends none, and a chat template "
+        "may then insert its default (Qwen2.5's does)")
     instruction: str = Field(
         "Reason step by step inside {think_open} {think_close}, then give the final answer "
-        "inside {answer_open} {answer_close} as \\boxed{{...}}.",
-        description="text appended to the problem; {think_open} etc. are replaced by the tags",
+        "inside {answer_open} {answer_close} as \\boxed{...}.",
+        description="text appended to the problem (unless already in it); {think_open}, "
+        "{think_close}, {answer_open}, {answer_close} are replaced by the tags, other braces stay",
     )
     think_open: str = Field("<think>", description="tag that opens the reasoning span")
     think_close: str = Field("</think>", description="tag that closes the reasoning span")
@@ -45,6 +68,16 @@ class TemplateConfig(Strict):
     answer_close: str = Field("</answer>", description="tag that closes the final answer")
     use_chat_template: bool = Field(
         True, description="render with the tokenizer's chat template when it has one")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            if data["preset"] not in TEMPLATE_PRESETS:
+                raise ValueError(f"unknown template preset {data['preset']!r}; known: "
+                                 f"{', '.join(TEMPLATE_PRESETS)}")
+            return {**TEMPLATE_PRESETS[data["preset"]], **data}
+        return data
 
 
 class TinyModelConfig(Strict):

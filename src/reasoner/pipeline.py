@@ -198,7 +198,32 @@ def plan(recipe: RecipeConfig, base: Path) -> list[Stage]:
             evals.append(name)
         if STAGES[spec.command].checkpoint:
             policy = str(out / "final")
+    _same_prompt(stages)
     return stages
+
+
+PROMPT_STAGES = ("sft", "infer", "eval")  # the stages that render prompts for the model
+PROMPT_FIELDS = ("system_prompt", "instruction", "use_chat_template")
+
+
+def _same_prompt(stages: list[Stage]) -> None:
+    """Every stage that renders prompts renders them alike: a model sampled or evaluated with a
+    prompt it was not trained on is a silent, expensive mistake."""
+    first: Stage | None = None
+    for stage in stages:
+        if stage.spec.command not in PROMPT_STAGES:
+            continue
+        if first is None:
+            first = stage
+            continue
+        a, b = first.config.template, stage.config.template
+        differ = [f for f in PROMPT_FIELDS if getattr(a, f) != getattr(b, f)]
+        if differ:
+            raise ConfigError(
+                f"recipe stages '{first.name}' and '{stage.name}' render prompts differently "
+                f"(template.{', template.'.join(differ)}: {getattr(a, differ[0])!r} vs "
+                f"{getattr(b, differ[0])!r}); give every sft/infer/eval stage the same template, "
+                "e.g. the same template.preset")
 
 
 def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:

@@ -4,7 +4,7 @@ import torch
 
 from reasoner import models
 from reasoner.config import TemplateConfig
-from reasoner.data.template import render_prompt, render_sft
+from reasoner.data.template import instruction, render_prompt, render_sft, sft_messages
 from reasoner.shards import iter_rows
 
 
@@ -68,8 +68,7 @@ def test_chat_template_renders_what_the_template_module_expects(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     t = TemplateConfig(system_prompt="You are careful.")
     prompt = render_prompt("Mia has 3 apples.", t, tok)
-    expected_user = "Mia has 3 apples.\n" + t.instruction.format(
-        think_open="<think>", think_close="</think>", answer_open="<answer>", answer_close="</answer>")
+    expected_user = "Mia has 3 apples.\n" + instruction(t)
     assert prompt == (
         "<|im_start|>system\nYou are careful.<|im_end|>\n"
         f"<|im_start|>user\n{expected_user}<|im_end|>\n"
@@ -78,7 +77,7 @@ def test_chat_template_renders_what_the_template_module_expects(tiny_model_dir):
     # SFT split: prompt + response is exactly the full conversation the chat template renders.
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>x</think>"}]
     p, r = render_sft({"messages": messages}, t, tok)
-    full = tok.apply_chat_template(messages, tokenize=False)
+    full = tok.apply_chat_template(sft_messages({"messages": messages}, t), tokenize=False)
     assert full == p + r + "\n" and r.endswith("<|im_end|>")
 
 

@@ -65,3 +65,16 @@ def test_from_and_until(tmp_path):
         pipeline.decide(stages(tmp_path), {"stages": {}}, None, "x")
     with pytest.raises(ConfigError, match="comes after"):
         pipeline.decide(stages(tmp_path), {"stages": {}}, "c", "a")
+
+
+def test_the_pcl_recipe_asks_every_stage_with_the_official_prompt_and_a_drift_is_refused():
+    base = Path(__file__).parents[2] / "configs" / "pcl_reasoner_v1_5"
+    stages = pipeline.plan(pipeline.load_recipe(base / "recipe.yaml", []), base)
+    asked = {s.name: s.config.template for s in stages if s.spec.command in ("sft", "infer", "eval")}
+    assert set(asked) == {"sft", "samples", "aime24", "aime25"}
+    for t in asked.values():
+        assert t.instruction == "Please reason step by step, and put your final answer within \\boxed{}."
+        assert t.system_prompt.startswith("You are a helpful assistant. To answer the user's")
+    drifted = pipeline.load_recipe(base / "recipe.yaml", ["samples.template.system_prompt=Hi."])
+    with pytest.raises(ConfigError, match="'sft' and 'samples' render prompts differently"):
+        pipeline.plan(drifted, base)

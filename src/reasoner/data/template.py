@@ -12,11 +12,16 @@ from typing import Any
 from reasoner.config import TemplateConfig
 
 
+PLACEHOLDERS = ("think_open", "think_close", "answer_open", "answer_close")
+
+
 def instruction(t: TemplateConfig) -> str:
-    return t.instruction.format(
-        think_open=t.think_open, think_close=t.think_close,
-        answer_open=t.answer_open, answer_close=t.answer_close,
-    )
+    """The instruction with its tag placeholders filled in; other braces stay as written, so
+    `\\boxed{}` needs no escaping."""
+    text = t.instruction
+    for name in PLACEHOLDERS:
+        text = text.replace("{" + name + "}", getattr(t, name))
+    return text
 
 
 def user_message(problem: str, t: TemplateConfig) -> str:
@@ -32,22 +37,30 @@ def _has_chat_template(tokenizer: Any) -> bool:
     return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
 
+def uses_chat_template(t: TemplateConfig, tokenizer: Any) -> bool:
+    return t.use_chat_template and _has_chat_template(tokenizer)
+
+
 def render_messages(messages: list[dict], t: TemplateConfig, tokenizer: Any = None) -> str:
     """Render a chat up to the assistant's turn (generation prompt included)."""
-    if t.use_chat_template and _has_chat_template(tokenizer):
+    if uses_chat_template(t, tokenizer):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     # Plain fallback for tokenizers without a chat template (base models).
     parts = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
     return "\n\n".join(parts) + "\n\nAssistant: "
 
 
+def prompt_messages(problem: str, t: TemplateConfig, system: str | None = None) -> list[dict]:
+    """The chat that asks `problem`: the system message (the template's; a data row's own only
+    when the template has none) and the problem with the instruction."""
+    system = t.system_prompt or system
+    head = [{"role": "system", "content": system}] if system else []
+    return [*head, {"role": "user", "content": user_message(problem, t)}]
+
+
 def render_prompt(problem: str, t: TemplateConfig, tokenizer: Any = None) -> str:
     """The full prompt text for a problem: system message, problem + instruction, chat template."""
-    messages = []
-    if t.system_prompt:
-        messages.append({"role": "system", "content": t.system_prompt})
-    messages.append({"role": "user", "content": user_message(problem, t)})
-    return render_messages(messages, t, tokenizer)
+    return render_messages(prompt_messages(problem, t), t, tokenizer)
 
 
 def render_response(reasoning: str, answer: str, t: TemplateConfig) -> str:
@@ -58,26 +71,78 @@ def render_response(reasoning: str, answer: str, t: TemplateConfig) -> str:
     )
 
 
-def end_of_turn(tokenizer: Any) -> str:
-    """Text that ends an assistant turn (the eos token), so a trained model learns to stop."""
-    eos = getattr(tokenizer, "eos_token", None) if tokenizer is not None else None
-    return eos or ""
+def end_of_turn(tokenizer: Any, t: TemplateConfig | None = None) -> str:
+    """The text that ends an assistant turn: the chat template's own marker (`<|im_end|>` for
+    ChatML, whatever the eos token is), else (or when `t` renders without the chat template)
+    the eos token; '' without a tokenizer."""
+    if tokenizer is None:
+        return ""
+    if _has_chat_template(tokenizer) and (t is None or t.use_chat_template):
+        probe = "\x00probe\x00"
+        chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe}]
+        try:
+            full = tokenizer.apply_chat_template(chat, tokenize=False)
+        except Exception:  # noqa: BLE001  (templates that insist on other roles: use eos)
+            full = ""
+        tail = full.partition(probe)[2].strip() if probe in full else ""
+        if tail:
+            return tail
+    return getattr(tokenizer, "eos_token", None) or ""
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end generation: eos and the chat template's end of turn. A Qwen2.5 base
+    tokenizer's eos is <|endoftext|> but a model SFT-trained through its chat template ends
+    its turns with <|im_end|>: sampling must stop on both."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eot = end_of_turn(tokenizer)
+    if eot:
+        eot_ids = tokenizer.convert_tokens_to_ids([eot])
+        if len(eot_ids) == 1 and eot_ids[0] is not None and eot_ids[0] != tokenizer.unk_token_id:
+            ids.add(eot_ids[0])
+    return sorted(ids)
+
+
+def sft_messages(example: dict, t: TemplateConfig) -> list[dict]:
+    """The conversation of an SFT example, asked exactly as infer and eval ask it: the
+    template's system prompt when the row has none, the instruction on the last user turn."""
+    if example.get("messages"):
+        messages = [dict(m) for m in example["messages"]]
+    else:
+        messages = [{"role": "user", "content": example["prompt"]},
+                    {"role": "assistant", "content": example["response"]}]
+    if messages[-1]["role"] != "assistant":
+        raise ValueError("the last message of an SFT example must be the assistant's")
+    if len(messages) < 2 or messages[-2]["role"] != "user":
+        raise ValueError("the assistant's last message must answer a user message")
+    system = next((m["content"] for m in messages if m["role"] == "system"), None)
+    turns = [m for m in messages if m["role"] != "system"]
+    asked = prompt_messages(turns[-2]["content"], t, system)
+    return [*asked[:-1], *turns[:-2], asked[-1], turns[-1]]
 
 
 def render_sft(example: dict, t: TemplateConfig, tokenizer: Any = None) -> tuple[str, str]:
     """(prompt, response) text of an SFT example; the loss covers the response only.
 
-    `prompt` + `response` rows: the prompt is the problem, rendered like an inference prompt.
-    `messages` rows: everything before the last assistant message is the prompt.
+    The prompt is what infer and eval send for the same problem. With a chat template the whole
+    conversation is rendered through it and the response is the rest of that text up to and
+    including the template's end of turn (`<|im_end|>`), so the model learns to stop where the
+    template says a turn ends. Without one: the plain prompt, the answer and the eos token.
     """
-    messages = example.get("messages")
-    if messages:
-        messages = [dict(m) for m in messages]
-        if messages[-1]["role"] != "assistant":
-            raise ValueError("the last message of an SFT example must be the assistant's")
-        prompt = render_messages(messages[:-1], t, tokenizer)
-        return prompt, messages[-1]["content"] + end_of_turn(tokenizer)
-    return render_prompt(example["prompt"], t, tokenizer), example["response"] + end_of_turn(tokenizer)
+    messages = sft_messages(example, t)
+    prompt = render_messages(messages[:-1], t, tokenizer)
+    answer = messages[-1]["content"]
+    if not uses_chat_template(t, tokenizer):
+        return prompt, answer + end_of_turn(tokenizer, t)
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    rest = full[len(prompt):] if full.startswith(prompt) else None
+    if rest is None or answer not in rest:
+        raise ValueError(
+            "the tokenizer's chat template does not render the conversation as prompt + answer "
+            "(it rewrites earlier turns or the answer itself, e.g. by dropping the reasoning); "
+            "set template.use_chat_template=false or train with a template that keeps it")
+    cut = rest.index(answer) + len(answer)
+    return prompt, rest[:cut] + rest[cut:].rstrip()  # the turn's end, not the newline after it
 
 
 def think_span(response: str, t: TemplateConfig) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from reasoner.config import ModelConfig, SamplingConfig
+from reasoner.data.template import stop_token_ids
 from reasoner.infer.base import Completion, Request, transform_logits
 
 
@@ -50,7 +51,9 @@ class HFGenerator:
         self.device = next(self.model.parameters()).device
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        # the chat template's end of turn too: a base model's generation config knows only eos
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | set(
+            stop_token_ids(self.tokenizer))
 
     @torch.no_grad()
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:

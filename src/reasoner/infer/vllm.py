@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from reasoner.config import ModelConfig, SamplingConfig, VLLMConfig
+from reasoner.data.template import stop_token_ids
 from reasoner.errors import DependencyError
 from reasoner.infer.base import Completion, Request
 
@@ -44,6 +45,9 @@ class VLLMGenerator:
         self.tokenizer = self.llm.get_tokenizer()
         self.context_window = int(self.llm.llm_engine.model_config.max_model_len)
         self.preferred_batch = 4096  # continuous batching: hand vLLM plenty at once
+        # vLLM stops on the generation config's eos; the chat template's end of turn is added
+        # (a Qwen2.5 base checkpoint's config knows only <|endoftext|>)
+        self.stop_ids = stop_token_ids(self.tokenizer)
 
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
         from vllm import SamplingParams
@@ -51,7 +55,7 @@ class VLLMGenerator:
         params = [SamplingParams(
             n=1, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=r.max_tokens,
-            stop=sampling.stop or None, seed=r.seed, logprobs=0 if sampling.logprobs else None,
+            stop=sampling.stop or None, stop_token_ids=self.stop_ids, seed=r.seed, logprobs=0 if sampling.logprobs else None,
             skip_special_tokens=True,
         ) for r in requests]
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
