@@ -5,8 +5,9 @@ tokens in the whole global batch. Each micro-batch contributes its share of that
 gradient of a step does not depend on how the global batch is cut into micro-batches, packed
 rows or processes. Packed rows keep samples apart (see data/packing.py).
 
-Examples are rendered by the template module and tokenized once; the token ids are cached
-under a key of (data content, tokenizer, template, code version), so epochs, reruns and
+Examples are rendered by the template module and tokenized once, streamed into a memory-mapped
+Arrow file (data/token_cache.py; under torchrun local rank 0 writes it, the other ranks map it)
+keyed by (data content, tokenizer, template, code version), so ranks, epochs, reruns and
 resumes never tokenize again. Examples longer than `max_tokens` are dropped and counted.
 """
 
@@ -15,17 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from reasoner import __version__, models, shards, training
 from reasoner import device as dev
 from reasoner.config import SFTConfig, dump
-from reasoner.data import packing, sources
+from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
 from reasoner.records import SFTExample
@@ -33,18 +35,52 @@ from reasoner.records import SFTExample
 
 @dataclass
 class Tokenized:
-    ids: list[list[int]]  # prompt + response token ids per example
-    prompt_lens: list[int]
-    dropped: int  # examples over max_tokens
+    """The examples kept for training: ids (memory-mapped, see data/token_cache.py) and where
+    each prompt ends."""
+
+    table: token_cache.TokenTable
+    keep: np.ndarray  # indices into the table of examples within max_tokens
+    dropped: int  # examples over max_tokens or with an empty response
     cache_hit: bool
 
+    @property
+    def ids(self) -> _Kept:
+        return _Kept(self)
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.table.lengths[self.keep].tolist()
+
+    @property
+    def prompt_lens(self) -> list[int]:
+        return self.table.prompt_lens[self.keep].tolist()
+
+    def length(self, i: int) -> int:
+        return int(self.table.lengths[self.keep[i]])
+
     def loss_mask(self, i: int) -> list[bool]:
-        p = self.prompt_lens[i]
-        return [False] * p + [True] * (len(self.ids[i]) - p)
+        p = int(self.table.prompt_lens[self.keep[i]])
+        return [False] * p + [True] * (self.length(i) - p)
 
     def targets(self, i: int) -> int:
         """Tokens with a loss: response tokens that have a token before them."""
-        return len(self.ids[i]) - max(self.prompt_lens[i], 1)
+        return self.length(i) - max(int(self.table.prompt_lens[self.keep[i]]), 1)
+
+
+class _Kept:
+    """`data.ids[i]`: the ids of the i-th kept example (read from the memory map)."""
+
+    def __init__(self, data: Tokenized):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data.keep)
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.data.table[int(self.data.keep[i])]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (self[i] for i in range(len(self)))
 
 
 def _tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -54,47 +90,50 @@ def _tokenizer_fingerprint(tokenizer: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def tokenize(cfg: SFTConfig, tokenizer: Any) -> Tokenized:
-    """Render + tokenize every example once; later calls read the cache."""
+def cache_path(cfg: SFTConfig, tokenizer: Any) -> Path:
+    """The token cache of (data content, tokenizer, template, code version)."""
     key = hashlib.sha256("|".join([
         sources.fingerprint(cfg.data), _tokenizer_fingerprint(tokenizer),
         json.dumps(cfg.template.model_dump(), sort_keys=True), __version__,
     ]).encode()).hexdigest()[:20]
-    cache = Path(cfg.cache_dir or Path(cfg.output_dir) / "token_cache") / f"sft-{key}.pt"
-    if cache.exists():
-        blob = torch.load(cache, weights_only=True)
-        ids, prompt_lens, hit = blob["ids"], blob["prompt_lens"], True
-    else:
-        rows = sources.read_rows(cfg.data, SFTExample)
-        if not rows:
+    return Path(cfg.cache_dir or Path(cfg.output_dir) / "token_cache") / f"sft-{key}.arrow"
+
+
+def tokenize(cfg: SFTConfig, tokenizer: Any, dist: dev.DistInfo | None = None,
+             progress: bool = False) -> Tokenized:
+    """Render + tokenize every example once into the Arrow cache (streamed: memory stays flat
+    however large the data); later calls and the other ranks map the file."""
+    from reasoner.training import progress_bar
+
+    def build(path: Path) -> None:
+        pairs = (render_sft(r, cfg.template, tokenizer)
+                 for r in sources.iter_rows(cfg.data, SFTExample))
+        with progress_bar(progress) as bar:
+            task = bar.add_task("tokenize", total=cfg.data.limit, info="")
+            count = token_cache.write(
+                path, pairs, lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"],
+                lambda n: bar.update(task, advance=n))
+        if not count:
+            path.unlink()
             raise TrainingError(f"{cfg.data.path}: the SFT data holds no examples")
-        pairs = [render_sft(r, cfg.template, tokenizer) for r in rows]
-        p_ids = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
-        r_ids = tokenizer([r for _, r in pairs], add_special_tokens=False)["input_ids"]
-        ids = [p + r for p, r in zip(p_ids, r_ids, strict=True)]
-        prompt_lens = [len(p) for p in p_ids]
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        # every torchrun rank may get here at once: each writes its own temporary file and
-        # os.replace swaps it in atomically (they are identical), so no rank loses a race
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        torch.save({"ids": ids, "prompt_lens": prompt_lens}, tmp)
-        os.replace(tmp, cache)
-        hit = False
-    keep = [i for i, x in enumerate(ids) if len(x) <= cfg.max_tokens and len(x) > prompt_lens[i]]
-    if not keep:
-        longest = min(len(x) for x in ids)
+
+    path = cache_path(cfg, tokenizer)
+    hit = token_cache.build_once(path, build, dist)
+    table = token_cache.TokenTable(path)
+    lengths, plens = table.lengths, table.prompt_lens
+    keep = np.flatnonzero((lengths <= cfg.max_tokens) & (lengths > plens))
+    if not len(keep):
         raise TrainingError(
-            f"all {len(ids)} examples are longer than max_tokens={cfg.max_tokens} (the shortest "
-            f"has {longest} tokens) or have an empty response; raise max_tokens"
+            f"all {len(table)} examples are longer than max_tokens={cfg.max_tokens} (the shortest "
+            f"has {int(lengths.min())} tokens) or have an empty response; raise max_tokens"
         )
-    return Tokenized([ids[i] for i in keep], [prompt_lens[i] for i in keep], len(ids) - len(keep),
-                     hit)
+    return Tokenized(table, keep, len(table) - len(keep), hit)
 
 
 def plan_rows(data: Tokenized, cfg: SFTConfig) -> list[list[int]]:
     """Training rows: packed bins of examples, or one example per row (padded mode)."""
     if cfg.packing:
-        return packing.pack([len(x) for x in data.ids], cfg.seq_len)
+        return packing.pack(data.lengths, cfg.seq_len)
     # Padded mode: rows sorted by length so that micro-batches cut from the (shuffled) global
     # batch are length-grouped inside `collate` below.
     return [[i] for i in range(len(data.ids))]
@@ -104,7 +143,7 @@ def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
             varlen: bool) -> packing.Batch:
     if cfg.packing:
         samples = [[(data.ids[i], data.loss_mask(i)) for i in row] for row in rows]
-        width = max(sum(len(data.ids[i]) for i in row) for row in rows) if varlen else cfg.seq_len
+        width = max(sum(data.length(i) for i in row) for row in rows) if varlen else cfg.seq_len
         batch = packing.collate_packed(samples, width, pad_id, block_mask=not varlen)
         if varlen:  # one flat row: flash-attention finds the samples from the position ids
             flat = lambda t: t.reshape(1, -1)  # noqa: E731
@@ -144,9 +183,9 @@ def run(cfg: SFTConfig) -> Path:
         return out / "final"
     env = device, dist, dtype = training.setup(cfg)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    data = tokenize(cfg, tokenizer)
+    data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
     rows = plan_rows(data, cfg)
-    lengths = [sum(len(data.ids[i]) for i in row) for row in rows]
+    lengths = [sum(data.length(i) for i in row) for row in rows]
     attn = cfg.model.attn_implementation or (
         "flash_attention_2" if dev.flash_attention_available(device) and cfg.packing else "sdpa")
     varlen = attn == "flash_attention_2"
@@ -177,6 +216,7 @@ def run(cfg: SFTConfig) -> Path:
     return training.finish(run, {
         "examples": len(data.ids), "dropped_over_max_tokens": data.dropped, "rows": len(rows),
         "packing_efficiency": packing.efficiency(
-            [len(x) for x in data.ids], rows, cfg.seq_len) if cfg.packing else None,
+            data.lengths, rows, cfg.seq_len)
+        if cfg.packing else None,
         "tokens_this_run": int(run.tokens), "final_loss": last.get("loss"),
         "token_cache_hit": data.cache_hit})

@@ -133,23 +133,29 @@ def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str
     return row
 
 
-def read_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> list[dict]:
-    """All rows, renamed through `cfg.fields` and validated against `row_type`."""
-    rows = []
+def iter_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> Iterator[dict]:
+    """Rows one at a time (hub sets stream when `streaming` or `limit` is set), renamed
+    through `cfg.fields` and validated against `row_type`."""
     stem = Path(cfg.path).stem if Path(cfg.path).exists() else cfg.path.replace("/", "_")
     stem += f"-{cfg.subset}" if cfg.subset else ""
+    count = 0
     for where, row in _located(cfg):
         if "id" not in row and "id" not in cfg.fields and row_type is not None \
                 and "id" in row_type.model_fields:
-            row["id"] = f"{stem}-{len(rows)}"  # files without ids (the AIME jsonl files)
+            row["id"] = f"{stem}-{count}"  # files without ids (the AIME jsonl files)
         row = normalize(row, cfg, row_type, where)
         for key in ("id", "answer"):  # ids and reference answers are strings everywhere
             if key in row and isinstance(row[key], int | float) and not isinstance(row[key], bool):
                 row[key] = str(row[key])
-        rows.append(shards.validate_row(row, row_type, where))
-        if cfg.limit and len(rows) >= cfg.limit:
+        yield shards.validate_row(row, row_type, where)
+        count += 1
+        if cfg.limit and count >= cfg.limit:
             break
-    return rows
+
+
+def read_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> list[dict]:
+    """All rows, renamed through `cfg.fields` and validated against `row_type`."""
+    return list(iter_rows(cfg, row_type))
 
 
 def fingerprint(cfg: DataConfig) -> str:

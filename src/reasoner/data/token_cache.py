@@ -1,0 +1,106 @@
+"""Token ids of a whole data set in one memory-mapped Arrow file, written once, read by every rank.
+
+SFT data runs to millions of rows of up to 32K tokens: held as Python lists that is tens of
+GB per process, times eight processes per node. Here the ids live in an Arrow IPC file of
+`ids: list<int32>` and `prompt_len: int32` columns, written in batches while the rows stream
+in, and opened with a memory map: a rank pays for the pages it touches, and the page cache
+is shared between the ranks of a node. `TokenTable[i]` is example i's ids as a list.
+
+Under torchrun the first process of each node (local rank 0) writes the file, under a
+temporary name swapped in with os.replace, while the other ranks wait at a barrier; then every
+rank maps it. Nodes that share a file system race harmlessly (the files are identical); nodes
+that do not each get their own copy.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from reasoner import device as dev
+
+BATCH = 512  # examples rendered and tokenized per call of the (fast, batched) tokenizer
+
+
+class TokenTable:
+    """Read-only, list-like view of the cached ids: `len(t)`, `t[i]`, `t.lengths`."""
+
+    def __init__(self, path: Path):
+        import pyarrow as pa
+
+        self.path = Path(path)
+        self._map = pa.memory_map(str(path))
+        table = pa.ipc.open_file(self._map).read_all()
+        self._chunks = []  # (values, offsets) per record batch, zero-copy views of the map
+        for chunk in table.column("ids").chunks:
+            self._chunks.append((chunk.values.to_numpy(zero_copy_only=True),
+                                 chunk.offsets.to_numpy(zero_copy_only=True)))
+        sizes = [len(offsets) - 1 for _, offsets in self._chunks]
+        self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.prompt_lens = table.column("prompt_len").to_numpy().astype(np.int64)
+        self.lengths = np.concatenate(
+            [np.diff(offsets) for _, offsets in self._chunks] or [np.zeros(0)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i: int) -> list[int]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        c = int(np.searchsorted(self._starts, i, side="right")) - 1
+        values, offsets = self._chunks[c]
+        j = i - int(self._starts[c])
+        return values[offsets[j]:offsets[j + 1]].tolist()
+
+
+def write(path: Path, pairs: Iterable[tuple[str, str]], tokenize: Callable[[list[str]], list],
+          on_batch: Callable[[int], None] = lambda n: None) -> int:
+    """Tokenize (prompt, response) text pairs in batches into an Arrow file at `path`
+    (atomically); return the number of examples. `tokenize` maps texts to id lists."""
+    import pyarrow as pa
+
+    schema = pa.schema([("ids", pa.list_(pa.int32())), ("prompt_len", pa.int32())])
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in _batches(pairs):
+                p_ids = tokenize([p for p, _ in batch])
+                r_ids = tokenize([r for _, r in batch])
+                ids = [p + r for p, r in zip(p_ids, r_ids, strict=True)]
+                writer.write_batch(pa.record_batch(
+                    [pa.array(ids, pa.list_(pa.int32())),
+                     pa.array([len(p) for p in p_ids], pa.int32())], schema=schema))
+                count += len(batch)
+                on_batch(len(batch))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count
+
+
+def _batches(pairs: Iterable[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    batch: list[tuple[str, str]] = []
+    for pair in pairs:
+        batch.append(pair)
+        if len(batch) == BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def build_once(path: Path, build: Callable[[Path], None], dist: dev.DistInfo | None) -> bool:
+    """Make sure `path` exists: local rank 0 of each node (or the only process) runs
+    `build(path)`, the others wait at a barrier. True when the file was already there."""
+    hit = path.exists()
+    if not hit and (dist is None or dist.local_rank == 0):
+        build(path)
+    if dist is not None:
+        dev.barrier(dist)
+    return hit
