@@ -11,7 +11,6 @@ from typing import Any
 
 from reasoner.config import TemplateConfig
 
-
 PLACEHOLDERS = ("think_open", "think_close", "answer_open", "answer_close")
 
 
