@@ -35,7 +35,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 data_app = typer.Typer(help="Make and inspect datasets.", no_args_is_help=True)
-model_app = typer.Typer(help="Build models.", no_args_is_help=True)
+model_app = typer.Typer(help="Build or import models.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(model_app, name="model")
 
@@ -132,6 +132,37 @@ def model_tiny(config: ConfigArg, overrides: OverridesArg = None) -> None:
         ("architecture", f"{info['architecture']}, {info['layers']} layers, hidden "
                          f"{info['hidden_size']}, vocab {info['vocab_size']}"),
         ("parameters", f"{info['parameters']:,}"),
+    ])
+
+
+@model_app.command("import")
+def model_import(
+    source: Annotated[str, typer.Argument(help="a .gguf file, a model folder or an HF hub id",
+                                          show_default=False)],
+    output_dir: Annotated[Path, typer.Argument(help="folder to write", show_default=False)],
+    gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside SOURCE")] = None,
+    dtype: Annotated[str, typer.Option(help="auto (GGUF: float32), float32, bfloat16, float16")
+                     ] = "auto",
+    overwrite: Annotated[bool, typer.Option(help="replace a model already in OUTPUT_DIR")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(help="allow the model's own code")] = False,
+) -> None:
+    """Write a GGUF file or any HF model as a plain safetensors folder every stage loads."""
+    from reasoner import models
+
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        console.print(f"[bold red]reasoner model import: error[/]\n--dtype {dtype!r}: choose "
+                      "auto, float32, bfloat16 or float16")
+        raise typer.Exit(2)
+    info = run_stage("model import", lambda: models.import_model(
+        source, output_dir, gguf_file, dtype, overwrite, trust_remote_code))
+    described = models.describe(info["folder"])
+    summary("model import", [
+        ("folder", info["folder"]), ("from", f"{source}" + (f" ({info['gguf_file']})"
+                                                          if info["gguf_file"] else "")),
+        ("architecture", f"{described['architecture']}, {described['layers']} layers, hidden "
+                         f"{described['hidden_size']}, vocab {described['vocab_size']}"),
+        ("parameters", f"{info['parameters']:,} ({info['dtype']})"),
+        ("stops on", info["stop_token_ids"]),
     ])
 
 

@@ -130,7 +130,19 @@ def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str
                 theirs = next((n for n in names if n in row), None)
                 if theirs is not None:
                     row[ours] = row.pop(theirs)
+        final_answer(row)
     return row
+
+
+def final_answer(row: dict) -> None:
+    """Reduce a worked answer to the final one: GSM8K's `... #### 18` to `18`, a MATH-style
+    `solution` (no `answer`) to its last \\boxed{}."""
+    if "answer" not in row and isinstance(row.get("solution"), str):
+        from reasoner.verify.extract import extract_answer
+
+        row["answer"] = extract_answer(row["solution"])
+    if isinstance(row.get("answer"), str) and "####" in row["answer"]:
+        row["answer"] = row["answer"].split("####")[-1].strip().replace(",", "")
 
 
 def iter_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> Iterator[dict]:

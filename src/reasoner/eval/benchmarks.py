@@ -52,15 +52,10 @@ def local(path: str | Path, fields: dict[str, str] | None = None) -> DataConfig:
 
 def load_problems(data: list[DataConfig]) -> list[dict]:
     """Problem rows from every source, with GSM8K / Minerva answers reduced to final values."""
-    from reasoner.verify.extract import extract_answer
-
     rows = []
     for cfg in data:
         for i, r in enumerate(sources.read_rows(cfg)):
-            if "answer" not in r and "solution" in r:
-                r["answer"] = extract_answer(r["solution"])
-            if isinstance(r.get("answer"), str) and "####" in r["answer"]:
-                r["answer"] = r["answer"].split("####")[-1].strip().replace(",", "")
+            sources.final_answer(r)
             tag = Path(cfg.path).stem + (f"-{cfg.subset}" if cfg.subset else "")
             r["id"] = str(r.get("id", f"{tag}-{i}"))
             rows.append(shards.validate_row(r, Problem, f"{cfg.path}: row {i + 1}"))

@@ -80,3 +80,19 @@ def test_data_files_and_streaming_with_a_limit(tmp_path):
     assert [r["answer"] for r in rows] == ["11", "2", "9"]
     with pytest.raises(DataError, match="need data.data_files"):
         sources.read_rows(DataConfig(path="json"), Problem)
+
+
+@pytest.mark.parametrize("name,first_answer", [
+    ("aime24.jsonl", "204"), ("gsm8k.jsonl", "18"), ("minerva_math.jsonl", "1.6"),
+    ("amc23.jsonl", "27.0")])
+def test_shared_benchmark_files_read_through_the_pcl_infer_config(name, first_answer):
+    from tests_helpers import SHARED_EVAL, shared_eval_rows
+
+    from reasoner.infer import load_problems
+
+    raw = shared_eval_rows(name)  # skips with the reason when ../shared is absent
+    cfg = load(InferConfig, REPO / "configs/pcl_reasoner_v1_5/infer.yaml",
+               [f"data.path={SHARED_EVAL / name}"])
+    rows = load_problems(cfg)
+    assert len(rows) == len(raw) and rows[0]["answer"] == first_answer  # final answers only
+    assert not any("####" in r["answer"] for r in rows)
