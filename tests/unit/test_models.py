@@ -84,3 +84,30 @@ def test_chat_template_renders_what_the_template_module_expects(tiny_model_dir):
 def test_default_corpus_is_synthetic_text():
     texts = models.default_corpus(n=20)
     assert len(texts) == 40 and "How many" in texts[0] and " = " in texts[1]
+
+
+def test_import_writes_a_plain_folder_that_stops_on_the_end_of_turn(tmp_path, tiny_model_dir):
+    import pytest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reasoner.errors import InputError
+
+    info = models.import_model(str(tiny_model_dir), tmp_path / "copy")
+    out = info["folder"]
+    assert json.loads((out / "config.json").read_text()).get("quantization_config") is None
+    tok = AutoTokenizer.from_pretrained(out)
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert tok.convert_tokens_to_ids("<|im_end|>") in gen["eos_token_id"]
+    ids = torch.tensor([[1, 5, 9, 40, 7]])
+    with torch.no_grad():
+        a = AutoModelForCausalLM.from_pretrained(tiny_model_dir)(ids).logits
+        b = AutoModelForCausalLM.from_pretrained(out)(ids).logits
+    assert torch.equal(a, b)
+    with pytest.raises(InputError, match="already holds a model"):
+        models.import_model(str(tiny_model_dir), out)
+    (tmp_path / "w.bin").write_text("x")
+    with pytest.raises(InputError, match="must be .gguf"):
+        models.import_model(str(tmp_path / "w.bin"), tmp_path / "o")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="neither a model folder"):
+        models.import_model(str(tmp_path / "empty"), tmp_path / "o")

@@ -51,13 +51,9 @@ def local(path: str | Path, fields: dict[str, str] | None = None) -> DataConfig:
 
 
 def load_problems(data: list[DataConfig]) -> list[dict]:
-    """Problem rows from every source, with GSM8K / Minerva answers reduced to final values."""
+    """Problem rows from every source: the problem under its usual names (problem, prompt,
+    question), GSM8K / Minerva answers reduced to final values, ids unique across sources."""
     rows = []
     for cfg in data:
-        for i, r in enumerate(sources.read_rows(cfg)):
-            sources.final_answer(r)
-            tag = Path(cfg.path).stem + (f"-{cfg.subset}" if cfg.subset else "")
-            r["id"] = str(r.get("id", f"{tag}-{i}"))
-            rows.append(shards.validate_row(r, Problem, f"{cfg.path}: row {i + 1}"))
+        rows += sources.read_rows(cfg, Problem)
     return rows
-

@@ -85,7 +85,10 @@ def decontaminate(problems: list[dict], cfg: DecontamConfig) -> tuple[list[dict]
         return problems, []
     bench: list[str] = []
     for data in cfg.benchmarks:
-        bench += [r["problem"] for r in sources.read_rows(data) if "problem" in r]
+        for r in sources.read_rows(data):  # `problem`, else the usual names (prompt, question)
+            name = next((n for n in ("problem", *sources.PROBLEM_NAMES) if n in r), None)
+            if name is not None and isinstance(r[name], str):
+                bench.append(r[name])
     if not bench:
         raise DataError("decontam.benchmarks hold no 'problem' field: map it, e.g. "
                          "fields: {problem: prompt}")
