@@ -136,6 +136,11 @@ class OptimConfig(Strict):
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     grad_clip: float | None = Field(1.0, description="clip the global grad norm; null = no clip")
+    loss_scale: float = Field(
+        2.0 ** 16, gt=0, description="fp16 (model.dtype=float16) only: initial dynamic loss scale; "
+        "halved on a step whose gradient overflows (the step is skipped on every rank)")
+    loss_scale_window: int = Field(
+        1000, ge=1, description="fp16: steps without overflow before the loss scale doubles")
 
 
 class RunConfig(Strict):

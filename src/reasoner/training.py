@@ -110,6 +110,20 @@ def shard_model(policy: nn.Module, dist: DistInfo) -> nn.Module:
     return policy
 
 
+@torch.no_grad()
+def sum_over_processes(policy: nn.Module, dist: DistInfo) -> None:
+    """Turn FSDP's averaged gradient into the sum over processes (each process's loss is its
+    share of the global-batch loss). Done on the reduced fp32 shards rather than by scaling the
+    losses by the world size: that would make every process's local fp16 gradients world-size
+    times larger, so fp16 would overflow sooner the more processes there are. (FSDP2's own
+    divide factor needs PREMUL_SUM, which gloo lacks.)"""
+    if dist.world_size == 1:
+        return
+    for p in policy.parameters():
+        if p.grad is not None:
+            p.grad.mul_(dist.world_size)
+
+
 def set_grad_sync(policy: nn.Module, enabled: bool) -> None:
     """Skip the gradient reduce on all but the last micro-batch of an accumulation."""
     if hasattr(policy, "set_requires_gradient_sync"):
@@ -229,6 +243,7 @@ class Run:
     start: int  # first step of this invocation (> 0 when resumed)
     saved: dict  # trainer state of the checkpoint resumed from ({} when fresh)
     metrics: MetricsLog
+    scaler: Any = None  # dynamic loss scaler (fp16 only; see make_scaler)
     timer: Timer = field(default_factory=lambda: Timer())
     tokens: float = 0.0  # real tokens trained on by this invocation
     bar: Any = None
@@ -263,6 +278,34 @@ def load_weights(cfg: Any, source: str | Path, device: torch.device, attn: str |
     return models.load_model(mcfg, device)[0]
 
 
+MIN_LOSS_SCALE = 2.0 ** -8  # below this every step has overflowed for a long time: stop
+
+
+def make_scaler(cfg: Any, device: torch.device, dtype: torch.dtype, dist: DistInfo) -> Any:
+    """fp16 dynamic loss scaling, or None (bf16 and fp32 need none).
+
+    One process: torch.amp.GradScaler. Several: ShardedGradScaler, which all-reduces the
+    overflow flag, so every rank skips the same steps (FSDP2 shards hold different gradients:
+    one rank's overflow is everyone's). The scale is created on `device` at once, because
+    the trainers scale their losses by the current value rather than through `scaler.scale`.
+    """
+    if dtype != torch.float16:
+        return None
+    kwargs = {"init_scale": cfg.optim.loss_scale, "growth_interval": cfg.optim.loss_scale_window}
+    if dist.world_size > 1:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        scaler = ShardedGradScaler(device.type, **kwargs)
+    else:
+        scaler = torch.amp.GradScaler(device.type, **kwargs)
+    scaler.scale(torch.zeros((), device=device))  # creates the scale tensor on `device`
+    return scaler
+
+
+def loss_scale(run: Run) -> float:
+    return float(run.scaler.get_scale()) if run.scaler is not None else 1.0
+
+
 def start(cfg: Any, stage: str, env: tuple[torch.device, DistInfo, torch.dtype], tokenizer: Any,
           model: nn.Module, total: int, ckpt: Path | None, inputs: dict,
           temperature: float = 1.0) -> Run:
@@ -280,8 +323,11 @@ def start(cfg: Any, stage: str, env: tuple[torch.device, DistInfo, torch.dtype],
     config = dump(cfg)
     log = MetricsLog(Path(cfg.output_dir) / "metrics.jsonl", cfg.run.tracking, config, dist.is_main)
     saved: dict = {}
+    scaler = make_scaler(cfg, device, dtype, dist)
     if ckpt is not None:
         saved = checkpoints.load_checkpoint_state(ckpt, policy, optimizer, scheduler)
+        if scaler is not None and saved.get("loss_scaler"):
+            scaler.load_state_dict(saved["loss_scaler"])
         log.truncate_after(saved["step"])
     else:
         log.reset()  # a fresh start: rows of an earlier, dead run would corrupt the curves
@@ -289,7 +335,7 @@ def start(cfg: Any, stage: str, env: tuple[torch.device, DistInfo, torch.dtype],
         shards.update_manifest(cfg.output_dir, stage=stage, config=config, complete=False,
                                inputs=inputs)
     return Run(cfg, device, dist, dtype, tokenizer, model, policy, optimizer, scheduler, total,
-               saved.get("step", 0), saved, log)
+               saved.get("step", 0), saved, log, scaler)
 
 
 @contextmanager
@@ -306,7 +352,8 @@ def accumulate(run: Run, micro_batches: list, step_fn: Callable[[Any, float], Mi
 
     Every process runs as many passes as the busiest one (a collective inside FSDP would hang
     otherwise): the extra passes run `dummy` with weight 0. `step_fn(micro_batch, scale)` must
-    scale its loss by `scale` (world size, or 0 for a dummy pass).
+    scale its loss by `scale` (the fp16 loss scale, 1 without one; 0 for a dummy pass) and
+    report unscaled values.
     """
     count = len(micro_batches)
     if run.dist.world_size > 1:
@@ -318,7 +365,7 @@ def accumulate(run: Run, micro_batches: list, step_fn: Callable[[Any, float], Mi
     for j in range(count):
         real = j < len(micro_batches)
         set_grad_sync(run.policy, j == count - 1)
-        out = step_fn(micro_batches[j] if real else dummy, run.dist.world_size * float(real))
+        out = step_fn(micro_batches[j] if real else dummy, float(real) * loss_scale(run))
         for k, v in out.sums.items():
             sums[k] = sums.get(k, 0.0) + (v if real else 0.0)
         for k, v in out.means.items():
@@ -351,12 +398,30 @@ def optimizer_step(run: Run, loss: float, step: int) -> dict[str, float]:
             f"non-finite loss ({loss}) at step {step + 1}; no update was applied. "
             f"Last good checkpoint: {good or 'none (nothing saved yet)'}. Lower optim.lr "
             "or check the data, then rerun to resume from it.")
-    grad_norm = clip_grad_norm(run.policy, run.cfg.optim.grad_clip)
+    sum_over_processes(run.policy, run.dist)
     lr = run.scheduler.get_last_lr()[0]
-    run.optimizer.step()
+    if run.scaler is None:
+        grad_norm = clip_grad_norm(run.policy, run.cfg.optim.grad_clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        return {"lr": lr, "grad_norm": grad_norm}
+    # fp16: unscale (the overflow check is all-reduced), clip the true gradient, and step unless
+    # some rank overflowed; the schedule advances either way, so steps stay aligned with data
+    scale = loss_scale(run)
+    run.scaler.unscale_(run.optimizer)
+    grad_norm = clip_grad_norm(run.policy, run.cfg.optim.grad_clip)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return {"lr": lr, "grad_norm": grad_norm}
+    skipped = loss_scale(run) < scale
+    if skipped and loss_scale(run) < MIN_LOSS_SCALE:
+        raise TrainingError(
+            f"fp16 gradients overflowed at every step down to loss scale {loss_scale(run):g} "
+            f"(step {step + 1}); train in bfloat16 or float32 (model.dtype), or lower optim.lr")
+    return {"lr": lr, "grad_norm": grad_norm if not skipped else math.nan, "loss_scale": scale,
+            "overflow_skipped": float(skipped)}
 
 
 def end_step(run: Run, step: int, metrics: dict[str, float], info: str,
@@ -371,15 +436,23 @@ def end_step(run: Run, step: int, metrics: dict[str, float], info: str,
         run.bar[0].update(run.bar[1], advance=1, info=info)
     if rc.save_every and done % rc.save_every == 0 and done < run.total:
         checkpoints.save_checkpoint(run.out, done, run.policy, run.model, run.tokenizer,
-                                    run.optimizer, run.scheduler, extra_state(), rc.keep_last,
-                                    run.dist)
+                                    run.optimizer, run.scheduler, _state(run, extra_state),
+                                    rc.keep_last, run.dist)
     return metrics
+
+
+def _state(run: Run, extra_state: Callable[[], dict]) -> dict:
+    """Trainer state beyond weights and optimiser: the stage's own, plus the fp16 loss scale."""
+    state = extra_state()
+    if run.scaler is not None:
+        state["loss_scaler"] = run.scaler.state_dict()
+    return state
 
 
 def finish(run: Run, counts: dict, extra_state: Callable[[], dict] = dict) -> Path:
     """Save the last checkpoint, publish it as `output_dir/final`, mark the folder complete."""
     ckpt = checkpoints.save_checkpoint(run.out, run.total, run.policy, run.model, run.tokenizer,
-                                       run.optimizer, run.scheduler, extra_state(),
+                                       run.optimizer, run.scheduler, _state(run, extra_state),
                                        run.cfg.run.keep_last, run.dist)
     run.metrics.close()
     if run.dist.is_main:

@@ -70,6 +70,9 @@ def test_two_processes_match_one(tmp_path, synth_dir, tiny_model_dir):
         capture_output=True, text=True, timeout=600, env=ENV)
     assert two.returncode == 0, two.stderr[-3000:]
     assert same(weights(tmp_path / "one" / "final"), weights(tmp_path / "two" / "final"), atol=1e-5)
+    # Adam hides a gradient off by a constant factor from the weights; the norm does not
+    norms = [[r["grad_norm"] for r in metrics_rows(tmp_path / n)] for n in ("one", "two")]
+    assert norms[1] == pytest.approx(norms[0], rel=1e-4)
 
 
 @pytest.mark.slow
@@ -117,3 +120,41 @@ def test_non_finite_loss_stops_and_names_the_step(tmp_path, synth_dir, tiny_mode
     assert f"checkpoint-{step - 1}" in r.stderr
     assert not (out / "final").exists()
     assert not json.loads((out / "manifest.json").read_text())["complete"]
+
+
+def metrics_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth_dir, tiny_model_dir):
+    """fp16 autocast (on CPU too): a loss scale of 2^60 overflows every gradient, so no update is
+    applied and the scale halves; from 2^20 the scale backs off until steps apply. Two FSDP2
+    processes (ShardedGradScaler) skip exactly the steps one process skips."""
+    fp16 = ["model.dtype=float16", "run.log_every=1"]
+    never = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "never", *fp16,
+                           "optim.loss_scale=1.152921504606847e18", "run.max_steps=2"))
+    assert never.returncode == 0, never.stderr
+    rows = metrics_rows(tmp_path / "never")
+    assert [r["overflow_skipped"] for r in rows] == [1.0, 1.0]
+    assert [r["loss_scale"] for r in rows] == [2.0 ** 60, 2.0 ** 59]
+    start = load_file(next(tiny_model_dir.glob("*.safetensors")))
+    final = weights(tmp_path / "never" / "final")
+    assert all(torch.equal(final[k], start[k]) for k in final if k in start)
+
+    backoff = [*fp16, "optim.loss_scale=1048576", "run.max_steps=6"]
+    one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", *backoff))
+    assert one.returncode == 0, one.stderr
+    rows = metrics_rows(tmp_path / "one")
+    skipped = [r["overflow_skipped"] for r in rows]
+    assert skipped[0] == 1.0 and 0.0 in skipped  # backs off, then trains
+    for a, b in zip(rows, rows[1:], strict=False):  # halves after a skip, else holds
+        assert b["loss_scale"] == a["loss_scale"] * (0.5 if a["overflow_skipped"] else 1.0)
+    assert not same(weights(tmp_path / "one" / "final"), start, atol=0)
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29617",
+         "-m", "reasoner", *args(synth_dir, tiny_model_dir, tmp_path / "two", *backoff)],
+        capture_output=True, text=True, timeout=600, env=ENV)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert [r["loss_scale"] for r in metrics_rows(tmp_path / "two")] == [r["loss_scale"] for r in rows]
+    assert same(weights(tmp_path / "one" / "final"), weights(tmp_path / "two" / "final"), atol=1e-4)

@@ -6,7 +6,7 @@
 set -euo pipefail
 # the weights must be local: huggingface-cli download Qwen/Qwen2.5-32B --local-dir ./model_from_hf/Qwen2.5-32B
 # the data must be local: huggingface-cli download --repo-type dataset a-m-team/AM-DeepSeek-R1-0528-Distilled --local-dir ./dataset/AM-DeepSeek-R1-0528-Distilled
-# note: MindSpeed renders prompts with its qwen template; reasoner's instruction ('Reason step by step inside {think_open} '...) must already be part of each prompt.
+# note: MindSpeed renders prompts with its qwen template; reasoner's instruction ('Please reason step by step, and put your'...) must already be part of each prompt.
 HF_DIR=${HF_DIR:-./model_from_hf/Qwen2.5-32B}
 MCORE_DIR=${MCORE_DIR:-mindspeed/model_weights/mcore_tp8_pp4}
 SAVE_DIR=${SAVE_DIR:-mindspeed/checkpoints}
