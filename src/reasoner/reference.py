@@ -22,34 +22,58 @@ from reasoner.data import packing
 from reasoner.errors import TrainingError
 from reasoner.rollouts import Rollouts
 
+BATCH = 16  # samples per scoring forward
+
 
 @torch.no_grad()
 def response_logprobs(policy: nn.Module, data: Rollouts, samples: list[int], pad_id: int,
-                      device: torch.device, dtype: torch.dtype) -> list[list[float]]:
-    """Log-prob of every response token of `samples` under `policy` (no gradient)."""
+                      device: torch.device, dtype: torch.dtype, passes: int | None = None
+                      ) -> list[list[float]]:
+    """Log-prob of every response token of `samples` under `policy` (no gradient).
+
+    `passes`: run at least this many forwards, the extra ones on a dummy batch whose result is
+    dropped (a sharded policy's forward is a collective: every process must run as many)."""
     out: list[list[float]] = []
-    for start in range(0, len(samples), 16):
-        idx = samples[start:start + 16]
+    batches = [samples[s:s + BATCH] for s in range(0, len(samples), BATCH)]
+    extra = max(0, (passes or 0) - len(batches))
+    for k, idx in enumerate(batches + [[0]] * extra):
         b = packing.collate_padded([(data.ids[i], data.loss_mask(i)) for i in idx], pad_id).to(device)
         with dev.autocast(device, dtype):
             logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float().cpu()
-        out += [x.tolist() for x in logp.split([data.resp_len(i) for i in idx])]
+        if k < len(batches):
+            out += [x.tolist() for x in logp.split([data.resp_len(i) for i in idx])]
+    if hasattr(policy, "reshard"):  # FSDP2 leaves the root gathered after a forward without
+        policy.reshard()            # backward: shard it again (optimisers hold the shards)
     return out
 
 
 def starting_logprobs(folder: Path, source: str, policy: nn.Module, data: Rollouts, pad_id: int,
-                      device: torch.device, dtype: torch.dtype) -> list[list[float]]:
-    """The starting model's log-probs of every response token, cached in `folder`."""
+                      device: torch.device, dtype: torch.dtype,
+                      dist: dev.DistInfo | None = None) -> list[list[float]]:
+    """The starting model's log-probs of every response token, cached in `folder`.
+
+    With several processes each scores every world_size-th sample and writes its own part of
+    the folder (rank 0 owns the manifest); then every process reads the whole set."""
+    dist = dist or dev.DistInfo()
     if shards.is_complete(folder):
         cached = {(r["id"], r["sample_idx"]): r["logprobs"] for r in shards.iter_rows(folder)}
         if all(k in cached for k in data.keys):
             return [cached[k] for k in data.keys]
-    out = response_logprobs(policy, data, list(range(len(data.ids))), pad_id, device, dtype)
-    shards.reset(folder, "train-offline reference log-probs", {"input": source})
-    shards.write_rows(folder, ({"id": k[0], "sample_idx": k[1], "logprobs": lp}
-                               for k, lp in zip(data.keys, out, strict=True)))
-    shards.finish(folder, {"samples": len(out)})
-    return out
+    mine = list(range(dist.rank, len(data.ids), dist.world_size))
+    passes = int(dev.all_reduce([-(-len(mine) // BATCH)], dist, device, "max")[0])
+    out = response_logprobs(policy, data, mine, pad_id, device, dtype, passes)
+    if dist.is_main:
+        shards.reset(folder, "train-offline reference log-probs", {"input": source})
+    dev.barrier(dist)
+    shards.write_rows(folder, ({"id": data.keys[i][0], "sample_idx": data.keys[i][1],
+                                "logprobs": lp} for i, lp in zip(mine, out, strict=True)),
+                      part=dist.rank)
+    dev.barrier(dist)
+    if dist.is_main:
+        shards.finish(folder, {"samples": len(data.ids)})
+    dev.barrier(dist)
+    cached = {(r["id"], r["sample_idx"]): r["logprobs"] for r in shards.iter_rows(folder)}
+    return [cached[k] for k in data.keys]
 
 
 def split_validation(data: Rollouts, obj, seed: int) -> tuple[list[int], list[int]]:
@@ -110,18 +134,35 @@ def average_into(ref: nn.Module, policy: nn.Module, alpha: float) -> None:
     """ref <- alpha * policy + (1 - alpha) * ref, once per parameter.
 
     Over named_parameters, not the state dict: a state dict lists a tied weight (lm_head and
-    embed_tokens) under both names, and updating it twice would apply alpha twice.
+    embed_tokens) under both names, and updating it twice would apply alpha twice. Reference
+    and policy are sharded alike, so each process updates its own shards (no gather).
     """
-    current = plain_state(policy)
-    for name, p in ref.named_parameters():
-        p.mul_(1 - alpha).add_(current[name].to(device=p.device, dtype=p.dtype), alpha=alpha)
+    _resharded(ref, policy)
+    for (name, p), (other, q) in zip(ref.named_parameters(), policy.named_parameters(),
+                                     strict=True):
+        assert name == other, (name, other)
+        p.mul_(1 - alpha).add_(q.detach(), alpha=alpha)
 
 
+@torch.no_grad()
 def reset(policy: nn.Module, ref: nn.Module | None, optimizer: torch.optim.Optimizer) -> None:
-    """ProRL's hard reset: reference <- current policy, optimiser state cleared."""
+    """ProRL's hard reset: reference <- current policy, optimiser state cleared. Parameter by
+    parameter: sharded alike, each process copies its own shards."""
     if ref is not None:
-        ref.load_state_dict(plain_state(policy))
+        _resharded(ref, policy)
+        for (name, r), (other, q) in zip(ref.named_parameters(), policy.named_parameters(),
+                                         strict=True):
+            assert name == other, (name, other)
+            r.copy_(q)
     optimizer.state.clear()
+
+
+def _resharded(*modules: nn.Module) -> None:
+    """FSDP2 keeps a root gathered after a forward without backward (the reference's): shard
+    it again so that parameters pair up shard with shard."""
+    for m in modules:
+        if hasattr(m, "reshard"):
+            m.reshard()
 
 
 def plain_state(policy: nn.Module) -> dict:

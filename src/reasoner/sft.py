@@ -190,8 +190,8 @@ def run(cfg: SFTConfig) -> Path:
         "flash_attention_2" if dev.flash_attention_available(device) and cfg.packing else "sdpa")
     varlen = attn == "flash_attention_2"
     ckpt = training.resume_point(cfg)
-    model = training.load_weights(cfg, ckpt or cfg.model.name_or_path, device, attn)
-    run = training.start(cfg, "sft", env, tokenizer, model, training.total_steps(len(rows), cfg.run),
+    loaded = training.load_policy(cfg, ckpt or cfg.model.name_or_path, env, attn=attn)
+    run = training.start(cfg, "sft", env, tokenizer, loaded, training.total_steps(len(rows), cfg.run),
                          ckpt, {"model": cfg.model.name_or_path, "data": cfg.data.path})
     pad = tokenizer.pad_token_id
     per_epoch = math.ceil(len(rows) / cfg.run.global_batch)

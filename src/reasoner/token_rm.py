@@ -6,7 +6,7 @@ sigmoid(mean token score) against correctness, it learns which tokens decide the
 
 from __future__ import annotations
 
-import copy
+import copy as copy_module
 
 import torch
 from torch import Tensor, nn
@@ -22,12 +22,16 @@ class TokenRewardModel(nn.Module):
     positives w+ = clip(2 p_t - 1, 0, 1), negatives w- = clip(1 - 2 p_t, 0, 1).
     """
 
-    def __init__(self, policy_model: nn.Module):
+    def __init__(self, policy_model: nn.Module, copy: bool = True):
         super().__init__()
-        self.model = copy.deepcopy(policy_model)
+        self.model = copy_module.deepcopy(policy_model) if copy else policy_model
         self.head = nn.Linear(self.model.config.hidden_size, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        self.reset_head()
+
+    @torch.no_grad()
+    def reset_head(self) -> None:
+        self.head.weight.zero_()
+        self.head.bias.zero_()
 
     def forward(self, batch: packing.Batch) -> Tensor:
         out = self.model.model(input_ids=batch.input_ids, position_ids=batch.position_ids,

@@ -12,7 +12,6 @@ lives in reference.py; OREAL's token reward model in token_rm.py.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from reasoner import losses, models, reference, shards, training
 from reasoner.config import CLIPPED, ObjectiveConfig, OfflineConfig, OREALObjective, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
-from reasoner.logprobs import PolicyLogprobs
 from reasoner.rollouts import Rollouts, load_rollouts, sample_signal, token_scope
 from reasoner.token_rm import TokenRewardModel, token_weights
 
@@ -163,7 +161,8 @@ def micro_loss(ctx: Ctx, policy: nn.Module, rows: list[list[int]], norm: Norm, s
         seq = losses.segment_mean(scores, sample_index, len(index))  # (b,)
         bce = nn.functional.binary_cross_entropy_with_logits(seq, (m.rewards > 0).float(),
                                                              reduction="sum")
-        (bce / norm.samples * scale).backward()
+        # the RM has its own optimiser and no loss scaler: only the dummy-pass zero applies
+        (bce / norm.samples * float(scale > 0)).backward()
         m.weights = token_weights(scores, sample_index, m.rewards)
         extra["rm_bce"] = float(bce) / len(index)
     with dev.autocast(device, ctx.dtype):
@@ -174,30 +173,48 @@ def micro_loss(ctx: Ctx, policy: nn.Module, rows: list[list[int]], norm: Norm, s
     return training.MicroOut({"loss": float(loss.detach()), "tokens": b.real_tokens}, metrics, share)
 
 
-def prepare(cfg: OfflineConfig, env, tokenizer, data: Rollouts) -> tuple[Ctx, nn.Module, Path | None]:
-    """The objective's inputs (signal, scopes, reference and behaviour log-probs), the model to
-    train (the starting model, or the checkpoint resumed from) and that checkpoint."""
-    device, _, dtype = env
+def prepare(cfg: OfflineConfig, env, tokenizer, data: Rollouts
+            ) -> tuple[Ctx, tuple[nn.Module, nn.Module], Path | None]:
+    """The objective's inputs (signal, scopes, reference and behaviour log-probs), the
+    (model, policy) to train (the starting model, or the checkpoint resumed from) and that
+    checkpoint. With several processes every model here is sharded as it loads."""
+    device, dist, dtype = env
     obj = cfg.objective
     need_ref, need_old = needs(obj, data)
-    start_model = training.load_weights(cfg, cfg.model.name_or_path, device)
-    start_policy = PolicyLogprobs(start_model, cfg.run.logprob_chunk, obj.logprob_temperature).eval()
+    temperature = obj.logprob_temperature
+    start = training.load_policy(cfg, cfg.model.name_or_path, env, temperature)
+    start[1].eval()
     ref_lp = None
     if need_ref or need_old:
         ref_lp = reference.starting_logprobs(Path(cfg.output_dir) / "ref_logprobs", str(cfg.input_dir),
-                                             start_policy, data, tokenizer.pad_token_id, device, dtype)
+                                             start[1], data, tokenizer.pad_token_id, device, dtype,
+                                             dist)
     moving = (getattr(obj, "ref_update_every", None) or getattr(obj, "reset_every", None)
               or getattr(obj, "reset_patience", None)) and getattr(obj, "kl_coef", 0.0) > 0
-    ref_model = start_policy if moving else None
+    ref_model = start[1] if moving else None
     ckpt = training.resume_point(cfg)
     if ckpt is not None:
-        model = training.load_weights(cfg, ckpt, device)
+        loaded = training.load_policy(cfg, ckpt, env, temperature)
+    elif moving:  # a second copy, loaded (and sharded) like the first
+        loaded = training.load_policy(cfg, cfg.model.name_or_path, env, temperature)
     else:
-        model = copy.deepcopy(start_model) if moving else start_model
+        loaded = start
     ctx = Ctx(cfg, data, sample_signal(obj, data), token_scope(data, obj),
               ref_lp if need_old else data.old_logp, ref_lp, tokenizer.pad_token_id, device, dtype,
               ref_model)
-    return ctx, model, ckpt
+    return ctx, loaded, ckpt
+
+
+def token_reward_model(cfg: OfflineConfig, env, model: nn.Module) -> nn.Module:
+    """OREAL's token RM: a copy of the starting policy with a zero head (sharded as it loads
+    with several processes)."""
+    device, dist, dtype = env
+    if dist.world_size == 1:
+        return TokenRewardModel(model).to(device)
+    rm = models.load_sharded(cfg.model, cfg.model.name_or_path, device, dist,
+                             lambda m: TokenRewardModel(m, copy=False), skip=("head.",))
+    rm.reset_head()
+    return rm
 
 
 def run(cfg: OfflineConfig) -> Path:
@@ -208,16 +225,15 @@ def run(cfg: OfflineConfig) -> Path:
     env = device, dist, dtype = training.setup(cfg)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = load_rollouts(cfg, tokenizer)
-    ctx, model, ckpt = prepare(cfg, env, tokenizer, data)
+    ctx, loaded, ckpt = prepare(cfg, env, tokenizer, data)
     train_idx, val_idx = reference.split_validation(data, obj, cfg.run.seed)
     plateau = reference.Plateau(obj.reset_patience) if val_idx else None
-    run = training.start(cfg, "train-offline", env, tokenizer, model,
+    run = training.start(cfg, "train-offline", env, tokenizer, loaded,
                          training.total_steps(len(train_idx), cfg.run), ckpt,
-                         {"model": cfg.model.name_or_path, "verified": str(cfg.input_dir)},
-                         obj.logprob_temperature)
+                         {"model": cfg.model.name_or_path, "verified": str(cfg.input_dir)})
     rm_opt = None
     if isinstance(obj, OREALObjective) and obj.token_weights == "rm":
-        ctx.rm = training.shard_model(TokenRewardModel(model).to(device), dist)
+        ctx.rm = token_reward_model(cfg, env, run.model)
         rm_opt = torch.optim.AdamW(ctx.rm.parameters(), lr=obj.rm_lr)
     restore_aux(run.saved, ctx.rm, rm_opt, ctx.ref_model, plateau)
     state = lambda: aux_state(ctx.rm, rm_opt, ctx.ref_model, plateau)  # noqa: E731
@@ -233,6 +249,7 @@ def run(cfg: OfflineConfig) -> Path:
                 ctx, run.policy, mb, norm, scale), dummy=[[batch_idx[0]]])
             last = {**m, **training.optimizer_step(run, m["loss"], step)}
             if rm_opt is not None:
+                training.sum_over_processes(ctx.rm, dist)
                 rm_opt.step()
                 rm_opt.zero_grad(set_to_none=True)
             reference.move_reference(obj, step + 1, run.policy, ctx.ref_model, run.optimizer)
@@ -261,8 +278,8 @@ def aux_state(rm: nn.Module | None, rm_opt: torch.optim.Optimizer | None,
     state = {}
     if rm is not None:
         state["token_rm"], state["token_rm_optim"] = full_state(rm, rm_opt)
-    if ref_model is not None:
-        state["reference"] = {k: v.detach().cpu().clone() for k, v in ref_model.state_dict().items()}
+    if ref_model is not None:  # gathered whole (a collective: every process calls it)
+        state["reference"] = reference.plain_state(ref_model)
     if plateau is not None:
         state["plateau"] = dict(vars(plateau))
     return state
@@ -277,4 +294,7 @@ def restore_aux(saved: dict, rm: nn.Module | None, rm_opt: torch.optim.Optimizer
     if rm is not None and "token_rm" in saved:
         restore_state(rm, rm_opt, saved["token_rm"], saved["token_rm_optim"])
     if ref_model is not None and "reference" in saved:
-        ref_model.load_state_dict(saved["reference"])
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(ref_model, saved["reference"],
+                             options=StateDictOptions(full_state_dict=True))

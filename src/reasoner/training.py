@@ -99,14 +99,13 @@ def total_steps(num_rows: int, run: RunConfig) -> int:
 
 
 def shard_model(policy: nn.Module, dist: DistInfo) -> nn.Module:
-    """FSDP2 (`fully_shard`) over each decoder layer and the root, when several processes run."""
+    """FSDP2 (`fully_shard`) over each decoder layer and the root, when several processes run
+    (for a module built whole; `load_policy` shards before any weight is read)."""
     if dist.world_size == 1:
         return policy
-    from torch.distributed.fsdp import fully_shard
+    from reasoner.models import shard_modules
 
-    for layer in policy.model.model.layers:
-        fully_shard(layer)
-    fully_shard(policy)
+    shard_modules(policy, policy.model)
     return policy
 
 
@@ -306,18 +305,36 @@ def loss_scale(run: Run) -> float:
     return float(run.scaler.get_scale()) if run.scaler is not None else 1.0
 
 
-def start(cfg: Any, stage: str, env: tuple[torch.device, DistInfo, torch.dtype], tokenizer: Any,
-          model: nn.Module, total: int, ckpt: Path | None, inputs: dict,
-          temperature: float = 1.0) -> Run:
-    """Wrap and shard `model`, build optimiser and schedule, restore `ckpt` when resuming."""
-    from reasoner.config import dump
+def load_policy(cfg: Any, source: str | Path, env: tuple[torch.device, DistInfo, torch.dtype],
+                temperature: float = 1.0, attn: str | None = None) -> tuple[nn.Module, nn.Module]:
+    """(HF model, PolicyLogprobs around it) of `source`. One process: the whole model. Several:
+    FSDP2-sharded as it loads, so no process ever holds the whole model (models.load_sharded)."""
+    from reasoner import models
     from reasoner.logprobs import PolicyLogprobs
 
     device, dist, dtype = env
+    chunk = cfg.run.logprob_chunk
+    if dist.world_size == 1:
+        model = load_weights(cfg, source, device, attn)
+        return model, PolicyLogprobs(model, chunk, temperature)
+    mcfg = cfg.model.model_copy(update={"attn_implementation": attn or cfg.model.attn_implementation})
+    policy = models.load_sharded(mcfg, source, device, dist,
+                                 lambda m: PolicyLogprobs(m, chunk, temperature))
+    return policy.model, policy
+
+
+def start(cfg: Any, stage: str, env: tuple[torch.device, DistInfo, torch.dtype], tokenizer: Any,
+          loaded: tuple[nn.Module, nn.Module], total: int, ckpt: Path | None, inputs: dict) -> Run:
+    """Build optimiser and schedule for the (model, policy) of `load_policy`, restore `ckpt`
+    when resuming."""
+    from reasoner.config import dump
+
+    device, dist, dtype = env
+    model, policy = loaded
     if cfg.run.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    policy = shard_model(PolicyLogprobs(model, cfg.run.logprob_chunk, temperature), dist)
+    policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
     scheduler = build_scheduler(optimizer, total, cfg.optim)
     config = dump(cfg)

@@ -58,12 +58,33 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
 
 
 @pytest.mark.slow
-def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir):
-    one = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "one", "run.max_steps=3"))
+@pytest.mark.parametrize("objective", [
+    "{name: pcl}",
+    "{name: dapo, kl_coef: 0.01}",  # reference log-probs: each process scores its share
+    "{name: prorl, kl_coef: 0.01, reset_every: 2}",  # a resident, sharded reference; resets
+    "{name: discounted, kl_coef: 0.01, ref_update_every: 1}",  # moving average, shard by shard
+    "{name: oreal, token_weights: uniform}",
+    pytest.param("{name: oreal}", marks=pytest.mark.xfail(strict=True, reason=(
+        "known: with the token RM, 2 processes end 3e-4 away from 1 process (lr 1e-3) although "
+        "rm_bce agrees to 7 digits; seen before sharded loading too; see issue 15's note"))),
+])
+def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, objective):
+    """Every model of a 2-process run is FSDP2-sharded as it loads (no process holds it whole);
+    the weights and the reference log-probs equal those of one process."""
+    common = ["run.max_steps=3", f"objective={objective}"]
+    one = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "one", *common))
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29614",
-         "-m", "reasoner", *args(tiny_model_dir, verified_dir, tmp_path / "two", "run.max_steps=3")],
+         "-m", "reasoner", *args(tiny_model_dir, verified_dir, tmp_path / "two", *common)],
         capture_output=True, text=True, timeout=600, env=ENV)
     assert two.returncode == 0, two.stderr[-3000:]
     assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
+    refs = [tmp_path / n / "ref_logprobs" for n in ("one", "two")]
+    if refs[0].exists():
+        from reasoner.shards import iter_rows, part_files
+
+        assert len(part_files(refs[1])) == 2  # one part per process
+        lp = [{(r["id"], r["sample_idx"]): r["logprobs"] for r in iter_rows(f)} for f in refs]
+        assert lp[0].keys() == lp[1].keys()
+        assert all(lp[1][k] == pytest.approx(lp[0][k], abs=1e-5) for k in lp[0])
