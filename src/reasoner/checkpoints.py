@@ -4,6 +4,11 @@ A checkpoint holds the model as safetensors with its config, generation_config a
 (chat template included), so any stage and vLLM load it, plus `trainer_state.pt` (optimiser,
 scheduler, step, RNG and whatever the stage adds). It is written under a temporary name and
 renamed when complete, so an interrupted save never becomes the newest checkpoint.
+
+With several processes nothing is gathered whole: the weights are gathered one tensor at a
+time and written by rank 0 in safetensors files of at most SHARD_BYTES (with an index), and
+the optimiser state is written by every process for its own shards (torch.distributed
+.checkpoint, `optimizer/`), which also lets a run resume on another number of processes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from torch import nn
 from reasoner.device import DistInfo, barrier
 
 CKPT_PREFIX = "checkpoint-"
+SHARD_BYTES = 2 * 2**30  # largest safetensors file of a streamed (multi-process) save
 
 
 def list_checkpoints(out_dir: Path) -> list[Path]:
@@ -64,6 +70,9 @@ def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Mo
                     tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                     state: dict, keep_last: int, dist: DistInfo) -> Path:
     """Write `checkpoint-{step}` atomically: HF folder + trainer_state.pt; keep the newest K."""
+    if dist.world_size > 1:
+        return _save_sharded(Path(out_dir), step, policy, hf_model, tokenizer, optimizer,
+                             scheduler, state, keep_last, dist)
     model_sd, optim_sd = full_state(policy, optimizer)  # collective: every rank calls it
     final = Path(out_dir) / f"{CKPT_PREFIX}{step}"
     if dist.is_main:
@@ -80,6 +89,77 @@ def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Mo
             shutil.rmtree(old)
     barrier(dist)
     return final
+
+
+def _save_sharded(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Module,
+                  tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict,
+                  keep_last: int, dist: DistInfo) -> Path:
+    """The multi-process save: streamed weights, per-process optimiser shards (see top)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    final = out_dir / f"{CKPT_PREFIX}{step}"
+    tmp = out_dir / f".{CKPT_PREFIX}{step}.tmp"
+    if dist.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(dist)
+    stream_weights(tmp, policy, dist)
+    dcp.save({"optimizer": get_optimizer_state_dict(policy, optimizer)},
+             checkpoint_id=str(tmp / "optimizer"))
+    if dist.is_main:
+        hf_model.config.save_pretrained(tmp)
+        hf_model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"optimizer": "optimizer/", "scheduler": scheduler.state_dict(),
+                    "rng": rng_state(), "step": step, **state}, tmp / "trainer_state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **{
+            k: v for k, v in state.items() if isinstance(v, int | float | str)}}, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(out_dir)[:-keep_last]:
+            shutil.rmtree(old)
+    barrier(dist)
+    return final
+
+
+@torch.no_grad()
+def stream_weights(folder: Path, policy: nn.Module, dist: DistInfo,
+                   shard_bytes: int | None = None) -> None:
+    """Write the HF weights of a sharded `policy` as safetensors, gathering one parameter at a
+    time (a collective: every process calls it; rank 0 writes files of at most `shard_bytes`
+    as it goes, so it never holds more than one). Each tied weight once."""
+    from safetensors.torch import save_file
+
+    limit = shard_bytes or SHARD_BYTES
+    current: dict[str, torch.Tensor] = {}
+    names: dict[str, str] = {}
+    index = size = total = 0
+
+    def write(i: int) -> None:
+        file = f"model-{i + 1:05d}.safetensors"
+        save_file(current, str(folder / file), metadata={"format": "pt"})
+        names.update(dict.fromkeys(current, file))
+
+    for name, p in policy.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        if not dist.is_main:
+            continue
+        t = full.detach().to("cpu").contiguous()
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > limit:
+            write(index)
+            index, current, size = index + 1, {}, 0
+        current[name.removeprefix("model.")] = t
+        size, total = size + nbytes, total + nbytes
+    if not dist.is_main:
+        return
+    if index == 0:
+        save_file(current, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    write(index)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": names}, indent=2))
 
 
 def _untied(hf_model: nn.Module, wrapped_sd: dict) -> dict:
@@ -109,8 +189,16 @@ def load_checkpoint_state(ckpt: Path, policy: nn.Module, optimizer: torch.optim.
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     state = torch.load(Path(ckpt) / "trainer_state.pt", map_location="cpu", weights_only=False)
-    set_optimizer_state_dict(policy, optimizer, optim_state_dict=state["optimizer"],
-                             options=StateDictOptions(full_state_dict=True))
+    if isinstance(state["optimizer"], str):  # written shard by shard (several processes)
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        sharded = {"optimizer": get_optimizer_state_dict(policy, optimizer)}
+        dcp.load(sharded, checkpoint_id=str(Path(ckpt) / state["optimizer"]))
+        set_optimizer_state_dict(policy, optimizer, optim_state_dict=sharded["optimizer"])
+    else:
+        set_optimizer_state_dict(policy, optimizer, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state
@@ -134,7 +222,7 @@ def publish_final(out_dir: Path, ckpt: Path) -> Path:
     """Copy the last checkpoint's HF files to `out_dir/final` (atomically: tmp, then rename)."""
     final, tmp = Path(out_dir) / "final", Path(out_dir) / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*"))
+    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*", "optimizer"))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final

@@ -84,9 +84,14 @@ def init_distributed(device: torch.device) -> DistInfo:
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
-    """bf16/fp16 autocast (on CPU too when asked for: `auto` picks fp32 there); off for fp32."""
+    """bf16/fp16 autocast (on CPU too when asked for: `auto` picks fp32 there); off for fp32.
+
+    The weight-cast cache is off: it keeps a bf16 copy of every weight used until the outermost
+    autocast region ends, i.e. the whole model for one forward, which under FSDP2 would undo
+    the sharding (2 bytes per parameter of the whole model on every device)."""
     enabled = dtype in (torch.bfloat16, torch.float16)
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled,
+                          cache_enabled=False)
 
 
 def reduce_dtype(device: torch.device) -> torch.dtype:

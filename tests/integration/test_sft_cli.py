@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,3 +159,35 @@ def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth
     assert two.returncode == 0, two.stderr[-3000:]
     assert [r["loss_scale"] for r in metrics_rows(tmp_path / "two")] == [r["loss_scale"] for r in rows]
     assert same(weights(tmp_path / "one" / "final"), weights(tmp_path / "two" / "final"), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_two_processes_resume_from_a_sharded_checkpoint(tmp_path, synth_dir, tiny_model_dir):
+    """Two processes save checkpoints without gathering anything whole: weights streamed one
+    tensor at a time into safetensors files, each process's optimiser shards under optimizer/.
+    Resuming from checkpoint-2 ends with the weights of the uninterrupted run."""
+    def torchrun(out, *extra):
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+             "--master_port=29619", "-m", "reasoner",
+             *args(synth_dir, tiny_model_dir, out, "run.max_steps=4", "run.save_every=2",
+                   "run.keep_last=5", *extra)],
+            capture_output=True, text=True, timeout=600, env=ENV)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    torchrun(tmp_path / "whole")
+    ckpt = tmp_path / "whole" / "checkpoint-2"
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "optimizer" / ".metadata").exists()
+    assert len(list((ckpt / "optimizer").glob("*.distcp"))) == 2  # one file per process
+    assert not (tmp_path / "whole" / "final" / "optimizer").exists()
+    # an interrupted run: only checkpoint-2 survived
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "whole", cut)
+    for extra in ("checkpoint-4", "final"):
+        shutil.rmtree(cut / extra)
+    manifest = json.loads((cut / "manifest.json").read_text())
+    (cut / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    torchrun(cut)
+    manifest = json.loads((cut / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["counts"]["resumed_from"] == 2
+    assert same(weights(cut / "final"), weights(tmp_path / "whole" / "final"), atol=1e-6)

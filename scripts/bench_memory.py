@@ -1,0 +1,124 @@
+"""Peak host memory per process of `reasoner sft`: 1 process vs 2 (FSDP2 over gloo), and what
+`reasoner plan` predicts for each.
+
+A random-weight Qwen2 checkpoint in the shape of Qwen2.5-0.5B (494M parameters, fp32 on disk)
+trains for two steps on short synthetic rows. Each process records its peak RSS
+(`ru_maxrss`) from start to end: loading, sharding, the steps and the final checkpoint.
+
+    python scripts/bench_memory.py                 # writes runs/bench_memory/report.json
+    python scripts/bench_memory.py --layers 4      # a smaller model, for a quick look
+
+Target (issue 15): with 2 processes each one's peak <= 0.6 x the 1-process peak, and the
+plan's prediction within +-25% of each measured peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_checkpoint(folder: Path, layers: int) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from reasoner import models
+    from reasoner.config import TemplateConfig
+
+    if (folder / "config.json").exists():
+        return
+    torch.manual_seed(0)
+    tok = models.build_tokenizer(models.default_corpus(n=300), 2000, TemplateConfig())
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=4096, tie_word_embeddings=True,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = models.generation_config(tok)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def sft_args(model: Path, data: Path, out: Path) -> list[str]:
+    return [str(REPO / "configs/quickstart/sft.yaml"), f"model.name_or_path={model}",
+            f"data.path={data}", f"output_dir={out}", "data.limit=16", "seq_len=256",
+            "max_tokens=256", "run.global_batch=2", "run.max_steps=2", "run.progress=false",
+            "run.save_every=0", "run.gradient_checkpointing=true", "model.device=cpu",
+            "run.keep_last=1"]
+
+
+def worker(args: list[str], report: Path) -> None:
+    """Inside each process: run sft, then write this rank's peak RSS."""
+    from reasoner.cli import app
+
+    try:
+        app(["sft", *args], standalone_mode=False)
+    finally:
+        rank = int(os.environ.get("RANK", "0"))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        (report.parent / f"{report.stem}-rank{rank}.json").write_text(json.dumps({"peak_gib": peak}))
+
+
+def measure(nproc: int, model: Path, data: Path, out: Path) -> list[float]:
+    report = out / f"rss-{nproc}"
+    cmd = [sys.executable, __file__, "--worker", str(report), "--", *sft_args(model, data, out / f"sft-{nproc}")]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--master_port=29631", *cmd[1:]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(done.stderr[-3000:])
+    print(f"{nproc} process(es): {time.perf_counter() - started:.0f}s", file=sys.stderr)
+    return [json.loads((out / f"rss-{nproc}-rank{r}.json").read_text())["peak_gib"]
+            for r in range(nproc)]
+
+
+def main() -> None:
+    if "--worker" in sys.argv:
+        i = sys.argv.index("--worker")
+        worker(sys.argv[sys.argv.index("--") + 1:], Path(sys.argv[i + 1]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=24, help="decoder layers (24 = Qwen2.5-0.5B)")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_memory")
+    a = parser.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    model = a.out / f"qwen2-{a.layers}l"
+    build_checkpoint(model, a.layers)
+    data = a.out / "data"
+    if not data.exists():
+        from reasoner.config import SynthConfig
+        from reasoner.data import synthetic
+
+        synthetic.run(SynthConfig.model_validate({"output_dir": str(data), "train_size": 32,
+                                                  "test_size": 4, "sft_size": 32}))
+    data = data / "sft"
+    one = measure(1, model, data, a.out)
+    two = measure(2, model, data, a.out)
+    from reasoner import plan
+
+    predicted = {n: plan.host_peak_gib(model, n, seq_len=256, micro_batch=1,
+                                       gradient_checkpointing=True) for n in (1, 2)}
+    result = {
+        "model": str(model), "parameters": plan.count_parameters(model),
+        "peak_gib_1_process": one, "peak_gib_2_processes": two,
+        "ratio_2_vs_1": max(two) / one[0],
+        "plan_gib": predicted,
+        "plan_error": {"1": predicted[1] / one[0] - 1, "2": predicted[2] / max(two) - 1},
+    }
+    (a.out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
