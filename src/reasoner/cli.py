@@ -302,6 +302,44 @@ def run_recipe(
     console.print(table, width=None if console.is_terminal else 130)  # logs: one row per stage
 
 
+@app.command("plan")
+def plan_recipe(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML", show_default=False)],
+    overrides: OverridesArg = None,
+    devices: Annotated[int, typer.Option("--devices", help="GPUs / NPUs in all")] = 8,
+    mem: Annotated[float, typer.Option("--device-mem-gib", help="memory of one device")] = 80.0,
+    kind: Annotated[str, typer.Option("--kind", help="gpu or npu (peak FLOPs for the time)")] = "gpu",
+    layout: Annotated[str, typer.Option(
+        "--layout", help="fsdp (this trainer) or mindspeed (export mindspeed: TP x PP)")] = "fsdp",
+    tp: Annotated[int, typer.Option("--tp", help="mindspeed tensor parallel size")] = 8,
+    pp: Annotated[int, typer.Option("--pp", help="mindspeed pipeline parallel size")] = 4,
+    mfu: Annotated[float, typer.Option("--mfu", help="assumed model FLOPs utilisation")] = 0.35,
+) -> None:
+    """Memory per device and time per step of every stage, before running: fits or not."""
+    from reasoner import plan
+
+    if kind not in ("gpu", "npu") or layout not in ("fsdp", "mindspeed"):
+        console.print("[bold red]reasoner plan: error[/]\n--kind is gpu or npu; --layout is "
+                      "fsdp or mindspeed")
+        raise typer.Exit(2)
+    plans = run_stage("plan", lambda: plan.plan_recipe(recipe, devices, mem, kind, mfu,
+                                                       overrides, layout, tp, pp))
+    table = Table(title=f"reasoner plan {recipe}: {devices} x {mem:g} GiB {kind}, training "
+                        f"layout {layout}", title_justify="left")
+    for col in ("stage", "per device", "GiB", "need / have GiB", "s / step", "verdict"):
+        table.add_column(col)
+    for sp in plans:
+        table.add_row(f"{sp.name} ({sp.command})\n{sp.model}", "\n".join(sp.parts),
+                      "\n".join(f"{v:.1f}" if isinstance(v, float) else str(v)
+                                for v in sp.parts.values()),
+                      f"{sp.need_gib:.1f} / {sp.have_gib:.1f}",
+                      f"{sp.step_s:.0f}" if sp.step_s else "-", sp.verdict)
+    wide = console if console.is_terminal else Console(stderr=True, width=140)  # logs: no wrap
+    wide.print(table)
+    if not all(sp.fits for sp in plans):
+        raise typer.Exit(1)
+
+
 export_app = typer.Typer(help="Write scripts for other training stacks.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
