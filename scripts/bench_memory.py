@@ -51,7 +51,7 @@ def sft_args(model: Path, data: Path, out: Path) -> list[str]:
     return [str(REPO / "configs/quickstart/sft.yaml"), f"model.name_or_path={model}",
             f"data.path={data}", f"output_dir={out}", "data.limit=16", "seq_len=256",
             "max_tokens=256", "run.global_batch=2", "run.max_steps=2", "run.progress=false",
-            "run.save_every=0", "run.gradient_checkpointing=true", "model.device=cpu",
+            "run.save_every=1000", "run.gradient_checkpointing=true", "model.device=cpu",
             "run.keep_last=1"]
 
 
@@ -60,7 +60,9 @@ def worker(args: list[str], report: Path) -> None:
     from reasoner.cli import app
 
     try:
-        app(["sft", *args], standalone_mode=False)
+        rc = app(["sft", *args], standalone_mode=False)
+        if rc:
+            sys.exit(rc)
     finally:
         rank = int(os.environ.get("RANK", "0"))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -100,8 +102,8 @@ def main() -> None:
         from reasoner.config import SynthConfig
         from reasoner.data import synthetic
 
-        synthetic.run(SynthConfig.model_validate({"output_dir": str(data), "train_size": 32,
-                                                  "test_size": 4, "sft_size": 32}))
+        synthetic.run(SynthConfig.model_validate({"output_dir": str(data), "num_train": 32,
+                                                  "num_test": 4}))
     data = data / "sft"
     one = measure(1, model, data, a.out)
     two = measure(2, model, data, a.out)

@@ -276,13 +276,30 @@ def run_recipe(
     start: Annotated[str | None, typer.Option("--from", help="rerun from this stage on")] = None,
     until: Annotated[str | None, typer.Option("--until", help="stop after this stage")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and commands only")] = False,
+    no_plan: Annotated[bool, typer.Option(
+        "--no-plan", help="run even if `reasoner plan` says a stage does not fit here")] = False,
 ) -> None:
     """A whole recipe: every stage in order, skipping those finished with the same config.
 
     Overrides: recipe keys (run_dir=..., seed=1, rounds=2) or STAGE.key=value for one stage's
-    config (sft.optim.lr=1e-4).
+    config (sft.optim.lr=1e-4). On a GPU / NPU machine the memory plan runs first.
     """
-    from reasoner import pipeline
+    from reasoner import pipeline, plan
+
+    if not dry_run and not no_plan:
+        try:
+            bad = plan.check_before_run(recipe, overrides or [])
+        except USER_ERRORS as exc:
+            console.print(f"[bold red]reasoner run: error[/]\n{exc}")
+            raise typer.Exit(2) from None
+        if bad:
+            console.print("[bold red]reasoner run: error[/]")
+            for p in bad:
+                console.print(f"stage {p.name}: needs {p.need_gib:.1f} GiB per device, has "
+                              f"{p.have_gib:.1f}: {p.verdict}", markup=False, soft_wrap=True)
+            console.print(f"see `reasoner plan {recipe}`; --no-plan runs anyway", markup=False,
+                          soft_wrap=True)
+            raise typer.Exit(2)
 
     def go() -> list:
         cfg = pipeline.load_recipe(recipe, overrides or [])

@@ -123,11 +123,14 @@ def count_parameters(name_or_path: str | Path) -> int:
 
 def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
                    logprob_chunk: int, extra_models: int = 0) -> dict[str, float]:
-    """Bytes per device of one training process, by component."""
+    """Bytes per device of one training process, by component (see the module docstring)."""
     sharded = devices > 1
     out = {
         "weights+grads+adam fp32": 16 * s.params / devices,
-        "gathered root + 3 layers": 4 * (s.root_params + 3 * s.layer_params) if sharded else 0.0,
+        # the root (embeddings, lm-head) stays gathered through forward and backward, and its
+        # gradient is whole until reduce-scattered; layers: current + prefetched + its gradient
+        "gathered root + 3 layers": 4 * (2 * s.root_params + 3 * s.layer_params) if sharded
+        else 0.0,
         "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * s.vocab,
     }
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
@@ -295,3 +298,28 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
                                          j.max_model_len or 32768, devices, mem_gib))
             plans[-1].command = "judge"
     return plans
+
+
+def local_devices() -> tuple[str, int, float] | None:
+    """(kind, count, GiB each) of this machine's GPUs or NPUs; None on a CPU-only machine."""
+    import torch
+
+    from reasoner import device as dev
+
+    if dev.cuda_available():
+        n = torch.cuda.device_count()
+        return "gpu", n, torch.cuda.get_device_properties(0).total_memory / GIB
+    if dev.npu_available():
+        n = torch.npu.device_count()
+        return "npu", n, torch.npu.get_device_properties(0).total_memory / GIB
+    return None
+
+
+def check_before_run(recipe: Path, overrides: list[str]) -> list[StagePlan]:
+    """`reasoner run`'s check on a GPU / NPU machine: the stages that would not fit on this
+    node's devices (none on a CPU-only machine)."""
+    found = local_devices()
+    if found is None:
+        return []
+    kind, n, mem = found
+    return [p for p in plan_recipe(recipe, n, mem, kind, overrides=overrides) if not p.fits]

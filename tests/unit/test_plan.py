@@ -56,3 +56,15 @@ def test_the_cli_exits_1_when_a_stage_does_not_fit():
     tight = CliRunner().invoke(app, ["plan", str(PCL), "--devices", "8",
                                      "--device-mem-gib", "24"])
     assert tight.exit_code == 1
+
+
+def test_run_checks_the_plan_on_a_gpu_machine_first(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from reasoner.cli import app
+
+    monkeypatch.setattr(plan, "local_devices", lambda: ("gpu", 8, 24.0))
+    out = CliRunner().invoke(app, ["run", str(PCL), f"run_dir={tmp_path}"])
+    assert out.exit_code == 2
+    assert "stage sft: needs" in out.output and "--no-plan runs anyway" in out.output
+    assert not any(tmp_path.iterdir())  # nothing ran
