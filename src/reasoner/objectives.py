@@ -69,9 +69,11 @@ class _ClippedObjective(_ObjectiveBase):
         "token-mean", description="how token losses are averaged"
     )
     kl_coef: float = Field(0.0, ge=0, description="KL (k3) to the reference model; 0 = none")
-    old_logprobs: Literal["samples", "recompute"] = Field(
-        "samples", description="behaviour log-probs: those stored by infer, or the starting "
-        "model's computed once (used anyway when the samples lack them and this is allowed)"
+    old_logprobs: Literal["auto", "samples", "recompute"] = Field(
+        "auto", description="behaviour log-probs: those stored by infer (samples), or the "
+        "starting model's computed once at logprob_temperature (recompute); auto takes the "
+        "stored ones only when they come from the distribution the policy is scored on (same "
+        "temperature, no top-k / top-p truncation), so that the ratio is 1 at theta_old"
     )
     allow_recompute: bool = Field(
         True, description="compute the starting model's log-probs when samples lack them"

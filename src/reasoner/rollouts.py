@@ -86,6 +86,15 @@ def load_rollouts(cfg: OfflineConfig, tokenizer: Any) -> Rollouts:
     )
 
 
+def sampling_of(verified_dir) -> dict | None:
+    """The sampling settings (temperature, top_k, top_p, ...) of the samples a Verified shard
+    was made from, read from the manifests (None when they cannot be found)."""
+    manifest = shards.read_manifest(verified_dir) or {}
+    source = (manifest.get("inputs") or {}).get("samples")
+    samples = shards.read_manifest(source) if source else None
+    return ((samples or {}).get("config") or {}).get("sampling")
+
+
 def divergence(data: Rollouts) -> list[int]:
     """Per sample: response tokens it shares as a prefix with some positive of its group.
 

@@ -23,7 +23,7 @@ from reasoner import losses, models, reference, shards, training
 from reasoner.config import CLIPPED, ObjectiveConfig, OfflineConfig, OREALObjective, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
-from reasoner.rollouts import Rollouts, load_rollouts, sample_signal, token_scope
+from reasoner.rollouts import Rollouts, load_rollouts, sample_signal, sampling_of, token_scope
 from reasoner.token_rm import TokenRewardModel, token_weights
 
 
@@ -85,17 +85,54 @@ OBJECTIVES = {"pcl": pcl_step, "rft": rft_step, "dapo": clipped_step, "prorl": c
               "discounted": clipped_step, "oreal": oreal_step}
 
 
-def needs(obj: ObjectiveConfig, data: Rollouts) -> tuple[bool, bool]:
-    """(needs reference log-probs, needs behaviour log-probs)."""
-    clipped = isinstance(obj, CLIPPED)
+def needs(obj: ObjectiveConfig, data: Rollouts, sampling: dict | None = None
+          ) -> tuple[bool, bool, str]:
+    """(needs reference log-probs, needs recomputed behaviour log-probs, where the behaviour
+    log-probs come from, in words).
+
+    Stored log-probs are those of the distribution the sampler drew from: logits / T, top-k,
+    top-p. The policy is scored at logprob_temperature over the whole vocabulary, so the
+    ratio pi/pi_old is 1 at theta_old only when T matches and nothing was truncated; `auto`
+    recomputes them otherwise, an explicit `samples` with another temperature is an error.
+    """
     ref = getattr(obj, "kl_coef", 0.0) > 0 or isinstance(obj, OREALObjective)
-    old = clipped and (obj.old_logprobs == "recompute" or data.old_logp is None)
-    if clipped and data.old_logp is None and obj.old_logprobs == "samples" and not obj.allow_recompute:
+    if not isinstance(obj, CLIPPED):
+        return ref, False, "not used"
+    mismatch = []
+    if sampling is not None:
+        t = sampling.get("temperature", 1.0)
+        if abs(t - obj.logprob_temperature) > 1e-9:
+            mismatch.append(f"sampled at temperature {t}, scored at objective."
+                            f"logprob_temperature {obj.logprob_temperature}")
+        if (sampling.get("top_k") or 0) > 0 or sampling.get("top_p", 1.0) < 1.0:
+            mismatch.append(f"sampled with top_k {sampling.get('top_k')} / top_p "
+                            f"{sampling.get('top_p')}, which truncate the distribution")
+    mode = obj.old_logprobs
+    if data.old_logp is None and mode != "recompute" and not obj.allow_recompute:
         raise TrainingError(
             f"objective {obj.name} needs the behaviour log-probs of the samples, and "
-            f"{data.keys[0]} has none: rerun `reasoner infer` with sampling.logprobs=true, or "
-            "set objective.allow_recompute=true to use the starting model's log-probs")
-    return ref, old
+            f"{data.keys[0]} has none: rerun `reasoner infer` with sampling.logprobs=true, "
+            "or set objective.allow_recompute=true to use the starting model's log-probs")
+    if mode == "auto":
+        mode = "samples" if data.old_logp is not None and sampling is not None and not mismatch \
+            else "recompute"
+        if mode == "recompute":
+            why = "; ".join(mismatch) if mismatch else (
+                "the samples carry none" if data.old_logp is None else
+                "the samples' sampling settings are unknown")
+            return ref, True, f"recomputed by the starting model ({why})"
+    if mode == "recompute":
+        return ref, True, "recomputed by the starting model (objective.old_logprobs=recompute)"
+    if data.old_logp is None:
+        return ref, True, "recomputed by the starting model (the samples carry none)"
+    if mismatch and mismatch[0].startswith("sampled at temperature"):
+        raise TrainingError(
+            f"objective.old_logprobs=samples, but the samples were {mismatch[0]}: the ratio "
+            f"would not be 1 at theta_old. Set objective.logprob_temperature="
+            f"{sampling['temperature']}, or objective.old_logprobs=auto to recompute them")
+    if mismatch:
+        return ref, False, f"stored by infer ({mismatch[-1]}: the ratio is below 1 at theta_old)"
+    return ref, False, "stored by infer"
 
 
 def micro_batches(samples: list[int], data: Rollouts, cfg: OfflineConfig) -> list[list[list[int]]]:
@@ -137,6 +174,7 @@ class Ctx:
     dtype: torch.dtype
     ref_model: nn.Module | None = None
     rm: nn.Module | None = None
+    behaviour: str = ""  # where the behaviour log-probs come from (the summary says it)
 
 
 def micro_loss(ctx: Ctx, policy: nn.Module, rows: list[list[int]], norm: Norm, scale: float
@@ -180,7 +218,7 @@ def prepare(cfg: OfflineConfig, env, tokenizer, data: Rollouts
     checkpoint. With several processes every model here is sharded as it loads."""
     device, dist, dtype = env
     obj = cfg.objective
-    need_ref, need_old = needs(obj, data)
+    need_ref, need_old, ctx_note = needs(obj, data, sampling_of(cfg.input_dir))
     temperature = obj.logprob_temperature
     start = training.load_policy(cfg, cfg.model.name_or_path, env, temperature)
     start[1].eval()
@@ -201,7 +239,7 @@ def prepare(cfg: OfflineConfig, env, tokenizer, data: Rollouts
         loaded = start
     ctx = Ctx(cfg, data, sample_signal(obj, data), token_scope(data, obj),
               ref_lp if need_old else data.old_logp, ref_lp, tokenizer.pad_token_id, device, dtype,
-              ref_model)
+              ref_model, behaviour=ctx_note)
     return ctx, loaded, ckpt
 
 
@@ -263,7 +301,7 @@ def run(cfg: OfflineConfig) -> Path:
     pos = int((data.rewards > 0).sum())
     return training.finish(run, {
         "objective": obj.name, "samples": len(data.ids), "positives": pos,
-        "negatives": len(data.ids) - pos,
+        "negatives": len(data.ids) - pos, "behaviour_logprobs": ctx.behaviour,
         **({"validation_samples": len(val_idx), "plateau_resets": plateau.resets}
            if plateau is not None else {}),
         "dropped_over_max_tokens": data.dropped, "final_loss": last.get("loss")}, state)

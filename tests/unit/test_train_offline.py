@@ -131,3 +131,27 @@ def test_validation_triggered_reset(tmp_path, tiny_model_dir, verified_dir):
     data = T.load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
     train, val = reference.split_validation(data, cfg.objective, 0)
     assert not set(train) & set(val) and len(train) + len(val) == counts["samples"]
+
+
+def test_behaviour_logprobs_are_recomputed_unless_sampled_as_scored():
+    """Stored log-probs are of logits/T after top-k/top-p; the policy is scored at
+    logprob_temperature over the whole vocabulary: only a match gives ratio 1 at theta_old."""
+    from types import SimpleNamespace
+
+    from reasoner.config import DAPOObjective, PCLObjective
+    from reasoner.sft import TrainingError
+
+    stored = SimpleNamespace(old_logp=[[-0.1]], keys=[("p", 0)])
+    plain = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    truncated = {"temperature": 0.6, "top_k": 40, "top_p": 0.95}
+    assert T.needs(DAPOObjective(), stored, plain)[1:] == (False, "stored by infer")
+    ref, recompute, why = T.needs(DAPOObjective(), stored, truncated)
+    assert recompute and "temperature 0.6" in why and "top_k 40" in why
+    assert T.needs(DAPOObjective(), stored, None)[1]  # settings unknown: recompute
+    at_06 = DAPOObjective(logprob_temperature=0.6, old_logprobs="samples")
+    assert T.needs(at_06, stored, truncated)[1:] == (
+        False, "stored by infer (sampled with top_k 40 / top_p 0.95, which truncate the "
+        "distribution: the ratio is below 1 at theta_old)")
+    with pytest.raises(TrainingError, match="logprob_temperature=0.6"):
+        T.needs(DAPOObjective(old_logprobs="samples"), stored, truncated)
+    assert T.needs(PCLObjective(), stored, truncated) == (False, False, "not used")
