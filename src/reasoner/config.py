@@ -270,6 +270,10 @@ class JudgeConfig(Strict):
     tail_chars: int = Field(
         1500, ge=1, description="response tail shown when no final answer could be extracted")
     batch_size: int = Field(32, ge=1, description="judge prompts per generate call (hf)")
+    enable_thinking: bool = Field(
+        False, description="let a thinking judge (Qwen3) think first; off: its chat template's "
+        "non-thinking mode and greedy decoding; on: Qwen3's advised sampling (T 0.6, top-p "
+        "0.95, top-k 20; greedy loops) and a reply budget big enough for the thinking")
     max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
 

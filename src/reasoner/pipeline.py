@@ -22,6 +22,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -363,9 +364,27 @@ def _write_config(stage: Stage, path: Path) -> None:
     shards.atomic_write_text(path, head + yaml.safe_dump(body, sort_keys=False))
 
 
+def uses_vllm(stage: Stage) -> bool:
+    """The stage builds a vLLM engine (infer, eval, or a judge on the vllm backend)."""
+    from reasoner.infer import pick_backend
+
+    cfg = stage.config
+    if stage.command in ("infer", "eval"):
+        return pick_backend(cfg.backend) == "vllm"
+    if stage.command == "verify" and cfg.mode != "rule" and cfg.judge.model is not None:
+        return pick_backend(cfg.judge.backend) == "vllm"
+    return False
+
+
 def _execute(stage: Stage, config_path: Path) -> None:
-    if stage.spec.launcher:
-        result = subprocess.run(command_line(stage, config_path), check=False)
+    """Run a stage: in this process, or in its own when it has a launcher (torchrun) or builds a
+    vLLM engine (vLLM does not free device memory when an engine is deleted: a second engine
+    in the same process would find the first one's memory still taken)."""
+    if stage.spec.launcher or uses_vllm(stage):
+        cmd = command_line(stage, config_path)
+        if not stage.spec.launcher:  # this interpreter, whatever `reasoner` on PATH is
+            cmd = [sys.executable, "-m", "reasoner", *cmd[1:]]
+        result = subprocess.run(cmd, check=False)
         if result.returncode != 0:
             raise StageFailed(f"stage {stage.name} failed (exit {result.returncode}); "
                               f"rerun `reasoner run` to resume it")

@@ -63,7 +63,7 @@ class Sample(Row):
     response: str
     prompt_tokens: int
     response_tokens: int
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "abort", "error"]  # only "stop" ended by itself
     seed: int
     model: str
     token_ids: list[int] | None = None

@@ -78,3 +78,24 @@ def test_the_pcl_recipe_asks_every_stage_with_the_official_prompt_and_a_drift_is
     drifted = pipeline.load_recipe(base / "recipe.yaml", ["samples.template.system_prompt=Hi."])
     with pytest.raises(ConfigError, match="'sft' and 'samples' render prompts differently"):
         pipeline.plan(drifted, base)
+
+
+def test_a_vllm_stage_runs_in_its_own_process(monkeypatch, tmp_path):
+    """vLLM keeps device memory after `del`: each engine-building stage gets a fresh process."""
+    import subprocess
+    import sys
+
+    from reasoner import infer
+
+    base = Path(__file__).parents[2] / "configs" / "pcl_reasoner_v1_5"
+    stages = {s.name: s for s in pipeline.plan(pipeline.load_recipe(base / "recipe.yaml", []), base)}
+    assert pipeline.uses_vllm(stages["samples"]) is (infer.pick_backend("vllm") == "vllm")
+    assert pipeline.uses_vllm(stages["verify"])  # the Qwen3-32B judge on vLLM
+    monkeypatch.setattr(infer, "pick_backend", lambda backend: "hf")
+    assert not pipeline.uses_vllm(stages["aime24"])
+    monkeypatch.setattr(infer, "pick_backend", lambda backend: backend)
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0))
+    pipeline._execute(stages["aime24"], tmp_path / "aime24.yaml")
+    assert calls == [[sys.executable, "-m", "reasoner", "eval", "bench", str(tmp_path / "aime24.yaml")]]

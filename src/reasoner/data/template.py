@@ -40,10 +40,13 @@ def uses_chat_template(t: TemplateConfig, tokenizer: Any) -> bool:
     return t.use_chat_template and _has_chat_template(tokenizer)
 
 
-def render_messages(messages: list[dict], t: TemplateConfig, tokenizer: Any = None) -> str:
-    """Render a chat up to the assistant's turn (generation prompt included)."""
+def render_messages(messages: list[dict], t: TemplateConfig, tokenizer: Any = None,
+                    **template_args: Any) -> str:
+    """Render a chat up to the assistant's turn (generation prompt included); `template_args`
+    go to the chat template (e.g. Qwen3's enable_thinking; templates ignore unknown ones)."""
     if uses_chat_template(t, tokenizer):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **template_args)
     # Plain fallback for tokenizers without a chat template (base models).
     parts = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
     return "\n\n".join(parts) + "\n\nAssistant: "

@@ -32,7 +32,7 @@ class Request:
 class Completion:
     token_ids: list[int]  # generated tokens, the stop token included when there was one
     text: str  # decoded response without special tokens
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort" | "error" (vLLM)
     logprobs: list[float] | None = None  # behaviour log-prob of each token in token_ids
 
 

@@ -20,6 +20,14 @@ def vllm_missing_message() -> str:
             "vllm-ascend), or set backend=hf")
 
 
+def finish_reason(vllm_reason: str | None) -> str:
+    """vLLM's reason as ours: stop (an eos, stop token or stop string), length, and abort or
+    error kept as they are (never passed off as a completed answer)."""
+    if vllm_reason in ("length", "abort", "error"):
+        return vllm_reason
+    return "stop" if vllm_reason == "stop" else "error"
+
+
 class VLLMGenerator:
     name = "vllm"
 
@@ -67,7 +75,7 @@ class VLLMGenerator:
             logprobs = None
             if sampling.logprobs and c.logprobs is not None:
                 logprobs = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
-            finish = "length" if c.finish_reason == "length" else "stop"
+            finish = finish_reason(c.finish_reason)
             completions.append(Completion(ids, c.text, finish, logprobs))
         return completions
 

@@ -43,10 +43,10 @@ def apply(rows: list[dict], cfg: FilterConfig) -> tuple[list[dict], list[dict]]:
     """(kept rows with group stats, report) for rows carrying `reward`, `finish_reason`, ..."""
     report: list[dict] = []
     if cfg.truncated == "drop":
-        rows = _step(report, "truncated (dropped)", rows, lambda r: r["finish_reason"] != "length")
-    else:
+        rows = _step(report, "truncated (dropped)", rows, lambda r: r["finish_reason"] == "stop")
+    else:  # cut off (length), aborted or failed: not an answer the model finished
         for r in rows:
-            if r["finish_reason"] == "length" and r["reward"] > 0:
+            if r["finish_reason"] != "stop" and r["reward"] > 0:
                 r["reward"], r["verdict"] = -1.0, "no_answer"
         rows = _step(report, "truncated (kept as negatives)", rows, lambda r: True)
     if cfg.dedupe:

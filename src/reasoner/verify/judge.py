@@ -72,21 +72,26 @@ class Judge:
         self.tokenizer = self.gen.tokenizer
 
     def _sampling(self, attempt: int) -> SamplingConfig:
+        if self.cfg.enable_thinking:  # Qwen3's advice for thinking mode: never greedy
+            return SamplingConfig(n=1, temperature=0.6, top_k=20, top_p=0.95,
+                                  max_tokens=self.cfg.max_tokens, seed=attempt)
         if attempt == 0:  # greedy first
             return SamplingConfig(n=1, temperature=0.0, top_k=0, top_p=1.0,
                                   max_tokens=self.cfg.max_tokens, seed=0)
         return SamplingConfig(n=1, temperature=0.7, top_k=0, top_p=0.95,
                               max_tokens=self.cfg.max_tokens, seed=attempt)
 
+    def prompt_text(self, item: dict) -> str:
+        """The judge's full prompt for one item, through its chat template (thinking on or off)."""
+        text = render(self.template, item["problem"], item["answer"], item.get("extracted"),
+                      item["response"], self.cfg.tail_chars)
+        return render_messages([{"role": "user", "content": text}], TemplateConfig(),
+                               self.tokenizer, enable_thinking=self.cfg.enable_thinking)
+
     def judge(self, items: list[dict]) -> list[tuple[int | None, str]]:
         """(verdict, last reply) for items with problem, answer, extracted, response, id, sample_idx."""
-        prompts = []
-        for it in items:
-            text = render(self.template, it["problem"], it["answer"], it.get("extracted"),
-                          it["response"], self.cfg.tail_chars)
-            chat = render_messages([{"role": "user", "content": text}], TemplateConfig(),
-                                   self.tokenizer)
-            prompts.append(self.tokenizer(chat, add_special_tokens=False)["input_ids"])
+        prompts = [self.tokenizer(self.prompt_text(it), add_special_tokens=False)["input_ids"]
+                   for it in items]
         results: list[tuple[int | None, str]] = [(None, "")] * len(items)
         todo = list(range(len(items)))
         for attempt in range(self.cfg.retries + 1):

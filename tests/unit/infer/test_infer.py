@@ -144,3 +144,22 @@ def test_vllm_backend_on_tiny_model(tmp_path, synth_dir, tiny_model_dir):
 def test_request_is_hashable_key():
     r = Request("a", 1, [1, 2], 5, 10)
     assert (r.id, r.sample_idx) == ("a", 1)
+
+
+def test_vllm_finish_reasons_keep_abort_and_error_and_verify_never_rewards_them():
+    from reasoner.config import FilterConfig
+    from reasoner.infer.vllm import finish_reason
+    from reasoner.verify import filters
+
+    assert [finish_reason(r) for r in ("stop", "length", "abort", "error", None)] == [
+        "stop", "length", "abort", "error", "error"]
+    rows = [{"id": "p", "sample_idx": k, "response": f"r{k}", "reward": 1.0, "verdict": "correct",
+             "finish_reason": f, "response_tokens": 3, "reasoning_tokens": 1}
+            for k, f in enumerate(("stop", "abort", "error", "length"))]
+    kept, _ = filters.apply([dict(r) for r in rows], FilterConfig(truncated="negative",
+                                                                   dedupe=False,
+                                                                   drop_zero_variance=False))
+    assert [r["reward"] for r in kept] == [1.0, -1.0, -1.0, -1.0]
+    kept, _ = filters.apply([dict(r) for r in rows], FilterConfig(truncated="drop", dedupe=False,
+                                                                   drop_zero_variance=False))
+    assert [r["finish_reason"] for r in kept] == ["stop"]

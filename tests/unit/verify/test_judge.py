@@ -76,3 +76,30 @@ def test_judge_end_to_end_with_tiny_model(tmp_path, synth_dir, tiny_model_dir):
     expected = {k for k, v in verdicts.items() if v["rule_verdict"] != v["judge_verdict"]}
     assert {(d["id"], d["sample_idx"]) for d in listed} == expected and expected
     assert all(d["rule"] != d["judge"] for d in listed)
+
+
+def test_a_qwen3_style_judge_thinks_only_when_asked(tmp_path, tiny_model_dir):
+    """Qwen3's chat template opens an empty think block when enable_thinking is false; the
+    judge passes the switch through and samples as Qwen3 advises when thinking."""
+    import shutil
+    from pathlib import Path
+
+    from reasoner.config import JudgeConfig
+    from reasoner.verify.judge import Judge
+
+    qwen3_like = tmp_path / "judge"
+    shutil.copytree(tiny_model_dir, qwen3_like)
+    (qwen3_like / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+        "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
+    prompt = Path(__file__).resolve().parents[3] / REPO_PROMPT
+    item = {"problem": "1+1?", "answer": "2", "extracted": "2", "response": "\\boxed{2}"}
+    base = {"model": {"name_or_path": str(qwen3_like)}, "backend": "hf", "prompt_file": str(prompt)}
+    quiet = Judge(JudgeConfig.model_validate(base))
+    assert quiet.prompt_text(item).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert quiet._sampling(0).temperature == 0.0
+    thinking = Judge(JudgeConfig.model_validate({**base, "enable_thinking": True}))
+    assert thinking.prompt_text(item).endswith("<|im_start|>assistant\n")
+    s = thinking._sampling(0)
+    assert (s.temperature, s.top_p, s.top_k) == (0.6, 0.95, 20)
