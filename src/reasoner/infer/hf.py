@@ -84,14 +84,18 @@ class HFGenerator:
 
     def _completion(self, tokens: list[int], logprobs: list[float], r: Request,
                     sampling: SamplingConfig) -> Completion:
+        """The row's tokens up to and including what ended it: the first eos / end-of-turn
+        token, or the token completing a stop string (generate pads a row it stopped on a
+        string, and the pad may itself be an eos id: the stop string is looked for first)."""
         end = next((k + 1 for k, t in enumerate(tokens) if t in self.eos_ids), None)
+        if sampling.stop:  # text keeps the stop string, like token_ids
+            upto = end if end is not None else min(len(tokens), r.max_tokens)
+            for k in range(1, upto + 1):
+                if any(s in self.tokenizer.decode(tokens[:k]) for s in sampling.stop):
+                    end = k
+                    break
         finish = "stop" if end is not None else "length"
         tokens = tokens[:end] if end is not None else tokens[:r.max_tokens]
-        if end is None and sampling.stop:  # a stop string ends a row without an eos token
-            for k in range(1, len(tokens) + 1):
-                if any(s in self.tokenizer.decode(tokens[:k]) for s in sampling.stop):
-                    tokens, finish = tokens[:k], "stop"
-                    break
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(tokens, text, finish, logprobs[:len(tokens)])
 

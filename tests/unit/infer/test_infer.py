@@ -163,3 +163,21 @@ def test_vllm_finish_reasons_keep_abort_and_error_and_verify_never_rewards_them(
     kept, _ = filters.apply([dict(r) for r in rows], FilterConfig(truncated="drop", dedupe=False,
                                                                    drop_zero_variance=False))
     assert [r["finish_reason"] for r in kept] == ["stop"]
+
+
+def test_hf_row_stopped_on_a_string_keeps_no_pad_even_when_pad_is_an_eos(tiny_model_dir):
+    from reasoner import models
+    from reasoner.config import SamplingConfig
+    from reasoner.infer.base import Request
+    from reasoner.infer.hf import HFGenerator
+
+    gen = object.__new__(HFGenerator)  # only the tokenizer and the stop ids are needed
+    gen.tokenizer = models.load_tokenizer(str(tiny_model_dir))
+    pad = gen.tokenizer.pad_token_id
+    gen.eos_ids = {gen.tokenizer.eos_token_id, pad}
+    body = gen.tokenizer("3 + 4 = 7 DONE more", add_special_tokens=False)["input_ids"]
+    tokens = body + [pad, pad]
+    lps = [-0.5] * len(tokens)
+    c = gen._completion(tokens, lps, Request("p", 0, [1], 0, 64), SamplingConfig(stop=["DONE"]))
+    assert c.finish_reason == "stop" and pad not in c.token_ids
+    assert c.text.endswith("DONE") and len(c.logprobs) == len(c.token_ids) < len(body)
