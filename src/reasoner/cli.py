@@ -387,6 +387,22 @@ def export_mindspeed(
                                  *[(p.name, p) for p in written]])
 
 
+@export_app.command("mindspeed-data")
+def export_mindspeed_data(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write")] = Path(
+        "mindspeed/data/sft.jsonl"),
+) -> None:
+    """SFT rows as MindSpeed-LLM reads them: role/content messages asked exactly as `reasoner
+    infer` asks (system prompt, instruction), rows over the length limit dropped."""
+    from reasoner.export import mindspeed
+
+    cfg = load_config("export mindspeed-data", SFTConfig, config, overrides)
+    counts = run_stage("export mindspeed-data", lambda: mindspeed.prepare_data(cfg, out))
+    summary("export mindspeed-data", [("file", out), *counts.items()])
+
+
 def _is_main() -> bool:
     from reasoner.device import is_main_process  # imports torch: only after a stage ran
 

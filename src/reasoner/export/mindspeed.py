@@ -1,13 +1,21 @@
 """`reasoner export mindspeed SFT_CONFIG`: the MindSpeed-LLM scripts for the same SFT run on Ascend.
 
-Four scripts, run in order from a MindSpeed-LLM checkout:
-  1_preprocess_data.sh   SFT rows -> MindSpeed's indexed instruction dataset (Alpaca-style
-                         handler, `--pack --neat-pack` when the config packs)
+Target release: MindSpeed-LLM 2.2.0 (with MindSpeed 2.2.0_core_r0.12.1, Megatron-LM
+core_v0.12.1, PyTorch 2.7.1, torch_npu 7.2.0, CANN 8.3.RC1, Python 3.10: its own
+compatibility table; CANN 8.3.RC1 is what PCL-Reasoner-V1.5 lists). Four scripts, run in
+order from a MindSpeed-LLM checkout:
+  1_preprocess_data.sh   `reasoner export mindspeed-data` writes the rows as role/content
+                         messages asked exactly as `reasoner infer` asks (template system prompt
+                         and instruction) and drops rows over the length limit; then
+                         MindSpeed's preprocessing (ShareGPT handler, qwen = ChatML template,
+                         `--pack --neat-pack` when the config packs)
   2_convert_hf_to_mcore.sh  HF weights -> Megatron-mcore with the chosen TP / PP
   3_train_sft.sh         posttrain_gpt.py with the config's schedule, batch and sequence length
-  4_convert_mcore_to_hf.sh  the trained weights back to HF, ready for `reasoner infer`
-Every flag written here is one MindSpeed-LLM documents; the tests hold the list.
+  4_convert_mcore_to_hf.sh  the trained weights back to HF (bf16), ready for `reasoner infer`
+Every flag and value is checked against that release's own argument definitions
+(tests/fixtures/mindspeed/args-v2.2.0.json, extracted by scripts/extract_mindspeed_args.py).
 """
+
 
 from __future__ import annotations
 
@@ -19,6 +27,8 @@ from pathlib import Path
 
 from reasoner.config import SFTConfig
 from reasoner.errors import ConfigError, InputError
+
+RELEASE = "MindSpeed-LLM 2.2.0 (Megatron-LM core_v0.12.1, torch_npu 7.2.0, CANN 8.3.RC1)"
 
 # Published Qwen2.5 shapes (config.json of each hub model), for when the weights are not local.
 KNOWN_ARCHITECTURES: dict[str, dict] = {
@@ -117,37 +127,23 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
            f'SAVE_DIR=${{SAVE_DIR:-{trained}}}\nDATA_PREFIX=${{DATA_PREFIX:-{data_prefix}}}\n')
     download = ("" if local else
                 f"# the weights must be local: huggingface-cli download {name} --local-dir {hf_dir}\n")
-    if cfg.template.instruction:
-        note = ("# note: MindSpeed renders prompts with its qwen template; reasoner's instruction "
-                f"({cfg.template.instruction[:40]!r}...) must already be part of each prompt.\n")
-    else:
-        note = ""
-
-    data = cfg.data.path
-    if _hub_id(data):
-        local_data = f"./dataset/{data.rstrip('/').split('/')[-1]}"
-        download += (f"# the data must be local: huggingface-cli download --repo-type dataset {data} "
-                     f"--local-dir {local_data}\n")
-        data = local_data
-    if "messages" in cfg.data.fields:  # chat rows: role/content messages
-        handler = "SharegptStyleInstructionHandler"
-        keys = {"messages": cfg.data.fields["messages"],
-                "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                         "assistant_tag": "assistant", "system_tag": "system"}}
-    else:
-        handler = "AlpacaStyleInstructionHandler"
-        keys = {"prompt": cfg.data.fields.get("prompt", "prompt"), "query": "",
-                "response": cfg.data.fields.get("response", "response")}
-    pre = [("--input", shlex.quote(data)), ("--tokenizer-name-or-path", "${HF_DIR}"),
+    # reasoner reads the data as `reasoner sft` does (hub id, data_files, ShareGPT or OpenAI
+    # rows), asks each row as infer will, drops rows over the limit, writes role/content rows
+    keys = {"messages": "messages",
+            "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                     "assistant_tag": "assistant", "system_tag": "system"}}
+    pre = [("--input", "${DATA_JSONL}"), ("--tokenizer-name-or-path", "${HF_DIR}"),
            ("--tokenizer-type", "PretrainedFromHF"), ("--output-prefix", "${DATA_PREFIX}"),
-           ("--handler-name", handler), ("--prompt-type", "qwen"),
+           ("--handler-name", "SharegptStyleInstructionHandler"), ("--prompt-type", "qwen"),
            ("--map-keys", shlex.quote(json.dumps(keys))), ("--workers", 16),
            ("--log-interval", 1000)]
-    if cfg.packing:
-        pre += [("--pack", None), ("--neat-pack", None), ("--seq-length", cfg.seq_len),
-                ("--append-eod", None)]
+    if cfg.packing:  # no --append-eod: a turn already ends with <|im_end|>
+        pre += [("--pack", None), ("--neat-pack", None), ("--seq-length", cfg.seq_len)]
+    prepare = (f"reasoner export mindspeed-data {shlex.quote(source)} "
+               f"model.name_or_path=${{HF_DIR}} --out ${{DATA_JSONL}}\n")
     preprocess = (_header("1/4 SFT data -> MindSpeed indexed instruction dataset", source) + download
-                  + note + env + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n'
+                  + env + 'DATA_JSONL=${DATA_JSONL:-' + f'{data_prefix}.jsonl}}\n'
+                  + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n' + prepare
                   + _lines(["python", "preprocess_data.py"], pre))
 
     conv = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
@@ -197,12 +193,13 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
            ("--recompute-num-layers", 1)] if r.gradient_checkpointing else []),
         ("--finetune", None), ("--stage", "sft"), ("--is-instruction-dataset", None),
         ("--prompt-type", "qwen"),
-        *([("--reset-attention-mask", None), ("--neat-pack", None)] if cfg.packing else []),
+        *([("--reset-position-ids", None), ("--neat-pack", None), ("--padded-samples", None)]
+          if cfg.packing else []),
         ("--data-path", "${DATA_PREFIX}"), ("--split", "100,0,0"),
         ("--load", "${MCORE_DIR}"), ("--save", "${SAVE_DIR}"),
         ("--save-interval", r.save_every or "${TRAIN_ITERS}"), ("--no-load-optim", None),
         ("--no-load-rng", None), ("--log-interval", r.log_every), ("--log-throughput", None),
-        ("--eval-iters", 0), ("--distributed-backend", "hccl"),
+        ("--eval-iters", 0),  # the backend: Megatron's default nccl, which torch_npu maps to HCCL
     ]
     launch = (f"NPUS_PER_NODE=${{NPUS_PER_NODE:-{par.npus_per_node}}}\n"
               f"NNODES=${{NNODES:-{par.nodes}}}\nNODE_RANK=${{NODE_RANK:-0}}\n"
@@ -220,12 +217,42 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
     back = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
             ("--load-model-type", "mg"), ("--save-model-type", "hf"),
             ("--target-tensor-parallel-size", 1), ("--target-pipeline-parallel-size", 1),
-            ("--add-qkv-bias", None), ("--load-dir", "${SAVE_DIR}"), ("--save-dir", "${HF_DIR}")]
+            ("--add-qkv-bias", None), ("--params-dtype", "bf16"),
+            ("--load-dir", "${SAVE_DIR}"), ("--save-dir", "${HF_DIR}")]
     to_hf = (_header("4/4 trained Megatron-mcore weights -> HF (written to ${HF_DIR}/mg2hf)", source)
              + env + _lines(["python", "convert_ckpt.py"], back)
              + "# then, with reasoner: reasoner infer CONFIG model.name_or_path=${HF_DIR}/mg2hf\n")
     return {"1_preprocess_data.sh": preprocess, "2_convert_hf_to_mcore.sh": to_mcore,
             "3_train_sft.sh": training, "4_convert_mcore_to_hf.sh": to_hf}
+
+
+def prepare_data(cfg: SFTConfig, out: Path) -> dict[str, int]:
+    """Write the SFT rows as MindSpeed reads them (see the top); returns the counts."""
+    import os
+
+    from reasoner import models
+    from reasoner.data import sources
+    from reasoner.data.template import render_sft, sft_messages
+    from reasoner.records import SFTExample
+
+    tok = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    limit = min(cfg.max_tokens, cfg.seq_len) if cfg.packing else cfg.max_tokens
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    kept = dropped = 0
+    with open(tmp, "w") as fh:
+        for row in sources.iter_rows(cfg.data, SFTExample):
+            prompt, response = render_sft(row, cfg.template, tok)
+            n = sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in (prompt, response))
+            if n > limit:  # MindSpeed would cut it to seq_length; reasoner sft drops it
+                dropped += 1
+                continue
+            fh.write(json.dumps({"messages": sft_messages(row, cfg.template)},
+                                ensure_ascii=False) + "\n")
+            kept += 1
+    os.replace(tmp, out)
+    return {"rows": kept, f"dropped_over_{limit}_tokens": dropped}
 
 
 def export(cfg: SFTConfig, source: str, out: Path, par: Parallel,

@@ -108,10 +108,13 @@ def test_pcl_32b_recipe_golden(tmp_path):
     train = scripts["3_train_sft.sh"]
     for flag in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 4",
                  "--seq-length 32768", "--global-batch-size 128", "--lr 6e-05", "--min-lr 1e-07",
-                 "--lr-warmup-fraction 0.05", "--num-layers 64", "--neat-pack", "--reset-attention-mask"):
+                 "--lr-warmup-fraction 0.05", "--num-layers 64", "--neat-pack",
+                 "--reset-position-ids", "--padded-samples"):
         assert flag in train
-    assert "NNODES=${NNODES:-4}" in train
-    assert "--pack" in scripts["1_preprocess_data.sh"]
+    assert "NNODES=${NNODES:-4}" in train and "hccl" not in train  # Megatron takes nccl / gloo
+    pre = scripts["1_preprocess_data.sh"]
+    assert "--pack" in pre and "--append-eod" not in pre  # turns end with <|im_end|> already
+    assert "--params-dtype bf16" in scripts["4_convert_mcore_to_hf.sh"]
 
 
 def test_quickstart_golden(tmp_path):
@@ -157,3 +160,107 @@ def test_flag_scanner_sees_every_flag():
     text = "python convert_ckpt.py \\\n    --a 1 \\\n    --b\n--c\ntorchrun --x 1 posttrain_gpt.py \\\n    --d\n"
     assert emitted_flags(text) == {"convert_ckpt.py": {"--a", "--b"}, "torchrun": {"--x"},
                                    "posttrain_gpt.py": {"--d"}}
+
+
+# --------------------------------------------------------------------------------------------
+# Every generated command parsed by the pinned release's own argument definitions
+
+PINNED = REPO / "tests" / "fixtures" / "mindspeed" / "args-v2.2.0.json"
+
+
+def release_parser(program: str):
+    """argparse rebuilt from the flags MindSpeed-LLM v2.2.0 (+ Megatron core_v0.12.1) define
+    (scripts/extract_mindspeed_args.py): names, int / float types, choices, actions, nargs."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog=program, add_help=False, allow_abbrev=False,
+                                     exit_on_error=False)
+    seen: set[str] = set()
+    for a in json.loads(PINNED.read_text())["programs"][program]:
+        flags = [f for f in a["flags"] if f not in seen]
+        if not flags:
+            continue
+        seen.update(flags)
+        kw: dict = {}
+        if a["action"] in ("store_true", "store_false", "append", "count"):
+            kw["action"] = a["action"]
+        if a["action"] not in ("store_true", "store_false", "count"):
+            if a["type"] in ("int", "float"):
+                kw["type"] = {"int": int, "float": float}[a["type"]]
+            if a["choices"]:
+                kw["choices"] = a["choices"]
+            if a["nargs"] is not None:
+                kw["nargs"] = a["nargs"]
+        parser.add_argument(*flags, **kw)
+    return parser
+
+
+def commands(text: str) -> list[tuple[str, list[str]]]:
+    """(program, its arguments) of each python / torchrun call, shell variables filled in with
+    the script's defaults (or a stand-in for a required one)."""
+    import re
+    import shlex
+
+    defaults = dict(re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}", text, re.M))
+    required = re.findall(r"^(\w+)=\$\{\w+:\?", text, re.M)
+    env = {**defaults, **dict.fromkeys(required, "100")}
+    joined = text.replace("\\\n", " ")
+    out = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True) if line.strip() else []
+        if not words or words[0] not in ("python", "torchrun"):
+            continue
+        words = [re.sub(r"\$\{(\w+)\}", lambda m: env.get(m.group(1), "x"), w) for w in words]
+        at = next(i for i, w in enumerate(words) if w.endswith(".py"))
+        out.append((words[at], words[at + 1:]))
+    return out
+
+
+@pytest.mark.parametrize("recipe, args", [
+    ("configs/pcl_reasoner_v1_5/sft.yaml", []),
+    ("configs/pcl_reasoner_v1_5/sft.yaml", ["--tp", "4", "--pp", "2", "--train-iters", "10"]),
+])
+def test_every_generated_command_parses_against_the_pinned_release(tmp_path, recipe, args):
+    """Names, types and choices of every flag of every command, by the release's own
+    definitions (a flag name that exists with a wrong value, like --distributed-backend hccl,
+    fails here)."""
+    import argparse
+
+    scripts = export(tmp_path, REPO / recipe, *args)
+    checked = 0
+    for file, text in scripts.items():
+        for program, argv in commands(text):
+            try:
+                parsed, unknown = release_parser(program).parse_known_args(argv)
+            except argparse.ArgumentError as exc:
+                pytest.fail(f"{file}: {program} rejects {exc}")
+            assert not unknown, f"{file}: {program} does not know {unknown}"
+            checked += 1
+    assert checked == 4
+
+
+def test_mindspeed_data_rows_are_asked_as_infer_asks_and_fit(tmp_path, tiny_model_dir):
+    import json
+
+    from reasoner.config import SFTConfig, load
+    from reasoner.data.template import render_prompt
+    from reasoner.export.mindspeed import prepare_data
+
+    cfg = load(SFTConfig, REPO / "configs/pcl_reasoner_v1_5/sft.yaml", [
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.path={REPO / 'tests/fixtures/data/am_sharegpt.jsonl'}"])
+    counts = prepare_data(cfg, tmp_path / "all.jsonl")
+    rows = [json.loads(x) for x in (tmp_path / "all.jsonl").read_text().splitlines()]
+    assert counts == {"rows": 3, "dropped_over_32768_tokens": 0} and len(rows) == 3
+    first = rows[0]["messages"]
+    assert [m["role"] for m in first] == ["system", "user", "assistant"]
+    assert first[0]["content"] == cfg.template.system_prompt  # the recipe's, not the row's
+    from reasoner import models
+
+    tok = models.load_tokenizer(str(tiny_model_dir))
+    assert tok.apply_chat_template(first[:2], tokenize=False, add_generation_prompt=True) == \
+        render_prompt("What is $3+4\\cdot 2$?", cfg.template, tok)
+    short = cfg.model_copy(update={"max_tokens": 60})
+    counts = prepare_data(short, tmp_path / "short.jsonl")
+    assert counts["rows"] + counts["dropped_over_60_tokens"] == 3 and counts["dropped_over_60_tokens"]

@@ -5,7 +5,6 @@
 #   source /usr/local/Ascend/ascend-toolkit/set_env.sh
 set -euo pipefail
 # the weights must be local: huggingface-cli download Qwen/Qwen2.5-32B --local-dir ./model_from_hf/Qwen2.5-32B
-# the data must be local: huggingface-cli download --repo-type dataset a-m-team/AM-DeepSeek-R1-0528-Distilled --local-dir ./dataset/AM-DeepSeek-R1-0528-Distilled
 HF_DIR=${HF_DIR:-./model_from_hf/Qwen2.5-32B}
 MCORE_DIR=${MCORE_DIR:-mindspeed/model_weights/mcore_tp8_pp4}
 SAVE_DIR=${SAVE_DIR:-mindspeed/checkpoints}

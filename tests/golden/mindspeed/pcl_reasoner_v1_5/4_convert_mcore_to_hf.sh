@@ -17,6 +17,7 @@ python convert_ckpt.py \
     --target-tensor-parallel-size 1 \
     --target-pipeline-parallel-size 1 \
     --add-qkv-bias \
+    --params-dtype bf16 \
     --load-dir ${SAVE_DIR} \
     --save-dir ${HF_DIR}
 # then, with reasoner: reasoner infer CONFIG model.name_or_path=${HF_DIR}/mg2hf

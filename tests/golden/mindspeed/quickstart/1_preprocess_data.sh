@@ -8,18 +8,19 @@ HF_DIR=${HF_DIR:-runs/quickstart/tiny-init}
 MCORE_DIR=${MCORE_DIR:-mindspeed/model_weights/mcore_tp1_pp1}
 SAVE_DIR=${SAVE_DIR:-mindspeed/checkpoints}
 DATA_PREFIX=${DATA_PREFIX:-mindspeed/data/sft}
+DATA_JSONL=${DATA_JSONL:-mindspeed/data/sft.jsonl}
 mkdir -p "$(dirname "${DATA_PREFIX}")"
+reasoner export mindspeed-data configs/quickstart/sft.yaml model.name_or_path=${HF_DIR} --out ${DATA_JSONL}
 python preprocess_data.py \
-    --input runs/quickstart/data/sft \
+    --input ${DATA_JSONL} \
     --tokenizer-name-or-path ${HF_DIR} \
     --tokenizer-type PretrainedFromHF \
     --output-prefix ${DATA_PREFIX} \
-    --handler-name AlpacaStyleInstructionHandler \
+    --handler-name SharegptStyleInstructionHandler \
     --prompt-type qwen \
-    --map-keys '{"prompt": "prompt", "query": "", "response": "response"}' \
+    --map-keys '{"messages": "messages", "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant", "system_tag": "system"}}' \
     --workers 16 \
     --log-interval 1000 \
     --pack \
     --neat-pack \
-    --seq-length 512 \
-    --append-eod
+    --seq-length 512

@@ -63,8 +63,9 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --stage sft \
     --is-instruction-dataset \
     --prompt-type qwen \
-    --reset-attention-mask \
+    --reset-position-ids \
     --neat-pack \
+    --padded-samples \
     --data-path ${DATA_PREFIX} \
     --split 100,0,0 \
     --load ${MCORE_DIR} \
@@ -74,5 +75,4 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --no-load-rng \
     --log-interval 1 \
     --log-throughput \
-    --eval-iters 0 \
-    --distributed-backend hccl
+    --eval-iters 0
