@@ -262,7 +262,7 @@ def run(cfg: OfflineConfig) -> Path:
         return out / "final"
     env = device, dist, dtype = training.setup(cfg)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    data = load_rollouts(cfg, tokenizer)
+    data = load_rollouts(cfg, tokenizer, dist)
     ctx, loaded, ckpt = prepare(cfg, env, tokenizer, data)
     train_idx, val_idx = reference.split_validation(data, obj, cfg.run.seed)
     plateau = reference.Plateau(obj.reset_patience) if val_idx else None

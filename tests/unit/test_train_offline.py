@@ -155,3 +155,29 @@ def test_behaviour_logprobs_are_recomputed_unless_sampled_as_scored():
     with pytest.raises(TrainingError, match="logprob_temperature=0.6"):
         T.needs(DAPOObjective(old_logprobs="samples"), stored, truncated)
     assert T.needs(PCLObjective(), stored, truncated) == (False, False, "not used")
+
+
+def test_rollouts_are_memory_mapped_once_and_match_the_shard(tmp_path, tiny_model_dir, verified_dir):
+    """Token ids and behaviour log-probs live in an Arrow file mapped from disk (not Python
+    lists of every token), written once and reread while the Verified shard is unchanged."""
+    from reasoner.data.token_cache import ListColumn
+    from reasoner.models import load_tokenizer
+    from reasoner.records import Verified
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    cfg = cfg_for(tiny_model_dir, verified_dir, tmp_path / "o", max_tokens=150)
+    data = T.load_rollouts(cfg, tok)
+    assert isinstance(data.ids, ListColumn) and isinstance(data.old_logp, ListColumn)
+    assert all(not values.flags.owndata for values, _ in data.ids._chunks)
+    rows = {(r["id"], r["sample_idx"]): r for r in shards.iter_rows(verified_dir, Verified)}
+    for i, key in enumerate(data.keys):
+        r = rows[key]
+        prompt = tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        assert data.ids[i] == prompt + r["token_ids"] and data.prompt_lens[i] == len(prompt)
+        assert data.old_logp[i] == pytest.approx(r["logprobs"], abs=1e-6)  # stored as float32
+        assert float(data.rewards[i]) == r["reward"]
+    assert data.dropped == sum(len(tok(r["prompt"], add_special_tokens=False)["input_ids"])
+                               + len(r["token_ids"]) > 150 for r in rows.values()) > 0
+    files = sorted((tmp_path / "o" / "rollouts").iterdir())
+    again = T.load_rollouts(cfg, tok)
+    assert sorted((tmp_path / "o" / "rollouts").iterdir()) == files and again.keys == data.keys

@@ -26,35 +26,71 @@ from reasoner import device as dev
 BATCH = 512  # examples rendered and tokenized per call of the (fast, batched) tokenizer
 
 
-class TokenTable:
-    """Read-only, list-like view of the cached ids: `len(t)`, `t[i]`, `t.lengths`."""
+def open_table(path: Path):
+    """The Arrow IPC file at `path`, memory-mapped (columns are views of the file's pages)."""
+    import pyarrow as pa
 
-    def __init__(self, path: Path):
-        import pyarrow as pa
+    return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
 
-        self.path = Path(path)
-        self._map = pa.memory_map(str(path))
-        table = pa.ipc.open_file(self._map).read_all()
-        self._chunks = []  # (values, offsets) per record batch, zero-copy views of the map
-        for chunk in table.column("ids").chunks:
+
+class ListColumn:
+    """Read-only, list-like view of a `list<...>` column: `len(c)`, `c[i]` (a Python list of
+    that one row), `c.lengths`; zero-copy over the memory map, chunk by chunk."""
+
+    def __init__(self, table, name: str):
+        self._chunks = []  # (values, offsets) per record batch
+        for chunk in table.column(name).chunks:
             self._chunks.append((chunk.values.to_numpy(zero_copy_only=True),
                                  chunk.offsets.to_numpy(zero_copy_only=True)))
         sizes = [len(offsets) - 1 for _, offsets in self._chunks]
         self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.prompt_lens = table.column("prompt_len").to_numpy().astype(np.int64)
         self.lengths = np.concatenate(
             [np.diff(offsets) for _, offsets in self._chunks] or [np.zeros(0)]).astype(np.int64)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def __getitem__(self, i: int) -> list[int]:
+    def __getitem__(self, i: int) -> list:
         if not 0 <= i < len(self):
             raise IndexError(i)
         c = int(np.searchsorted(self._starts, i, side="right")) - 1
         values, offsets = self._chunks[c]
         j = i - int(self._starts[c])
         return values[offsets[j]:offsets[j + 1]].tolist()
+
+    def __iter__(self) -> Iterator[list]:
+        return (self[i] for i in range(len(self)))
+
+
+class TokenTable(ListColumn):
+    """The token cache: `t[i]` is example i's ids, `t.prompt_lens`, `t.lengths`."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        table = open_table(path)
+        super().__init__(table, "ids")
+        self.prompt_lens = table.column("prompt_len").to_numpy().astype(np.int64)
+
+
+def write_rows(path: Path, schema, rows: Iterable[dict],
+               on_batch: Callable[[int], None] = lambda n: None) -> int:
+    """Rows (dicts of the schema's columns) into an Arrow IPC file at `path`, BATCH at a time,
+    under a temporary name swapped in when complete; returns the number of rows."""
+    import pyarrow as pa
+
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in _batches(rows):
+                writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+                count += len(batch)
+                on_batch(len(batch))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count
 
 
 def write(path: Path, pairs: Iterable[tuple[str, str]], tokenize: Callable[[list[str]], list],
@@ -64,24 +100,15 @@ def write(path: Path, pairs: Iterable[tuple[str, str]], tokenize: Callable[[list
     import pyarrow as pa
 
     schema = pa.schema([("ids", pa.list_(pa.int32())), ("prompt_len", pa.int32())])
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    try:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            for batch in _batches(pairs):
-                p_ids = tokenize([p for p, _ in batch])
-                r_ids = tokenize([r for _, r in batch])
-                ids = [p + r for p, r in zip(p_ids, r_ids, strict=True)]
-                writer.write_batch(pa.record_batch(
-                    [pa.array(ids, pa.list_(pa.int32())),
-                     pa.array([len(p) for p in p_ids], pa.int32())], schema=schema))
-                count += len(batch)
-                on_batch(len(batch))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return count
+
+    def rows() -> Iterator[dict]:
+        for batch in _batches(pairs):
+            p_ids = tokenize([p for p, _ in batch])
+            r_ids = tokenize([r for _, r in batch])
+            for p, r in zip(p_ids, r_ids, strict=True):
+                yield {"ids": p + r, "prompt_len": len(p)}
+
+    return write_rows(path, schema, rows(), on_batch)
 
 
 def _batches(pairs: Iterable[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
