@@ -79,14 +79,7 @@ def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Mo
         tmp = Path(out_dir) / f".{CKPT_PREFIX}{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         save_hf(tmp, hf_model, tokenizer, _untied(hf_model, model_sd))
-        torch.save({"optimizer": optim_sd, "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                    "step": step, **state}, tmp / "trainer_state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **{
-            k: v for k, v in state.items() if isinstance(v, int | float | str)}}, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in list_checkpoints(out_dir)[:-keep_last]:
-            shutil.rmtree(old)
+        _finish_checkpoint(tmp, final, Path(out_dir), optim_sd, scheduler, step, state, keep_last)
     barrier(dist)
     return final
 
@@ -111,16 +104,23 @@ def _save_sharded(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Modu
         hf_model.config.save_pretrained(tmp)
         hf_model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        torch.save({"optimizer": "optimizer/", "scheduler": scheduler.state_dict(),
-                    "rng": rng_state(), "step": step, **state}, tmp / "trainer_state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **{
-            k: v for k, v in state.items() if isinstance(v, int | float | str)}}, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in list_checkpoints(out_dir)[:-keep_last]:
-            shutil.rmtree(old)
+        _finish_checkpoint(tmp, final, out_dir, "optimizer/", scheduler, step, state, keep_last)
     barrier(dist)
     return final
+
+
+def _finish_checkpoint(tmp: Path, final: Path, out_dir: Path, optimizer_state: Any,
+                       scheduler: Any, step: int, state: dict, keep_last: int) -> None:
+    """Rank 0: trainer_state.pt / .json into `tmp`, rename it to `final`, keep the newest K.
+    `optimizer_state` is the whole state dict, or the folder it was saved to shard by shard."""
+    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
+                "rng": rng_state(), "step": step, **state}, tmp / "trainer_state.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **{
+        k: v for k, v in state.items() if isinstance(v, int | float | str)}}, indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in list_checkpoints(out_dir)[:-keep_last]:
+        shutil.rmtree(old)
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from reasoner import device as dev
-from reasoner import losses, models, reference, shards, training
+from reasoner import losses, models, reference, sharded, shards, training
 from reasoner.config import CLIPPED, ObjectiveConfig, OfflineConfig, OREALObjective, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
@@ -249,8 +249,8 @@ def token_reward_model(cfg: OfflineConfig, env, model: nn.Module) -> nn.Module:
     device, dist, dtype = env
     if dist.world_size == 1:
         return TokenRewardModel(model).to(device)
-    rm = models.load_sharded(cfg.model, cfg.model.name_or_path, device, dist,
-                             lambda m: TokenRewardModel(m, copy=False), skip=("head.",))
+    rm = sharded.load_sharded(cfg.model, cfg.model.name_or_path, device, dist,
+                              lambda m: TokenRewardModel(m, copy=False), skip=("head.",))
     rm.reset_head()
     return rm
 

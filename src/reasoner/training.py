@@ -103,7 +103,7 @@ def shard_model(policy: nn.Module, dist: DistInfo) -> nn.Module:
     (for a module built whole; `load_policy` shards before any weight is read)."""
     if dist.world_size == 1:
         return policy
-    from reasoner.models import shard_modules
+    from reasoner.sharded import shard_modules
 
     shard_modules(policy, policy.model)
     return policy
@@ -308,8 +308,8 @@ def loss_scale(run: Run) -> float:
 def load_policy(cfg: Any, source: str | Path, env: tuple[torch.device, DistInfo, torch.dtype],
                 temperature: float = 1.0, attn: str | None = None) -> tuple[nn.Module, nn.Module]:
     """(HF model, PolicyLogprobs around it) of `source`. One process: the whole model. Several:
-    FSDP2-sharded as it loads, so no process ever holds the whole model (models.load_sharded)."""
-    from reasoner import models
+    FSDP2-sharded as it loads, so no process ever holds the whole model (sharded.load_sharded)."""
+    from reasoner import sharded
     from reasoner.logprobs import PolicyLogprobs
 
     device, dist, dtype = env
@@ -318,8 +318,8 @@ def load_policy(cfg: Any, source: str | Path, env: tuple[torch.device, DistInfo,
         model = load_weights(cfg, source, device, attn)
         return model, PolicyLogprobs(model, chunk, temperature)
     mcfg = cfg.model.model_copy(update={"attn_implementation": attn or cfg.model.attn_implementation})
-    policy = models.load_sharded(mcfg, source, device, dist,
-                                 lambda m: PolicyLogprobs(m, chunk, temperature))
+    policy = sharded.load_sharded(mcfg, source, device, dist,
+                                  lambda m: PolicyLogprobs(m, chunk, temperature))
     return policy.model, policy
 
 

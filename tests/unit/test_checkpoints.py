@@ -11,7 +11,7 @@ def test_streamed_weights_split_into_files_load_back_and_read_by_rows(tmp_path, 
     from reasoner.checkpoints import stream_weights
     from reasoner.device import DistInfo
     from reasoner.logprobs import PolicyLogprobs
-    from reasoner.models import SafetensorsSlices
+    from reasoner.sharded import SafetensorsSlices
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     stream_weights(tmp_path, PolicyLogprobs(model), DistInfo(), shard_bytes=50_000)
