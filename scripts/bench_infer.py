@@ -1,11 +1,14 @@
-"""Benchmark: generated tokens/s of the `hf` backend versus batch size (and vLLM if present).
+"""Benchmark: generated tokens/s of the `hf` backend against transformers' own `generate`.
 
-    python scripts/bench_infer.py [--samples 256] [--max-tokens 64] [--model FOLDER]
+    python scripts/bench_infer.py [--problems 64] [--n 8] [--max-tokens 64] [--model FOLDER]
 
-Default model: a tiny Qwen2 built from scratch (random weights, so nearly every sample runs to
-max_tokens and the numbers measure decoding alone). With `--vllm` and a GPU, the same requests
-go through the vllm backend too. Prints a markdown table; ratios are what carry over between
-machines.
+Both decode the same requests (n samples per prompt, temperature 0.6, top-k 40, top-p 0.95)
+in the same batches on the same model, one after the other in this run. Default model: a tiny
+Qwen2 built from scratch (random weights, so every sample runs to max_tokens: decoding alone);
+give a trained model (the quickstart's `runs/quickstart/sft/final`) to see ragged stops, where
+our backend drops stopped rows and `generate` keeps computing them. With `--vllm` and a GPU,
+the vllm backend runs the same requests too. Prints a markdown table; ratios are what carry
+over between machines.
 """
 
 from __future__ import annotations
@@ -24,18 +27,46 @@ from reasoner.config import (
 )
 from reasoner.data import synthetic
 from reasoner.data.template import render_prompt
-from reasoner.infer.base import Request, sample_seed
+from reasoner.infer.base import Completion, Request, sample_seed
 from reasoner.models import build_tiny
 
 
-def requests_for(tokenizer, n: int, max_tokens: int) -> list[Request]:
-    train, _ = synthetic.generate(SynthConfig(output_dir=Path("-"), num_train=n, num_test=1))
+def requests_for(tokenizer, problems: int, n: int, max_tokens: int) -> list[Request]:
+    train, _ = synthetic.generate(SynthConfig(output_dir=Path("-"), num_train=problems, num_test=1))
     out = []
     for i, p in enumerate(train):
-        ids = tokenizer(render_prompt(synthetic.problem_text(p), TemplateConfig(), tokenizer),
-                        add_special_tokens=False)["input_ids"]
-        out.append(Request(f"p{i}", 0, ids, sample_seed(0, f"p{i}", 0), max_tokens))
+        ids = tokenizer(render_prompt(synthetic.problem_text(p), TemplateConfig(instruction=""),
+                                      tokenizer), add_special_tokens=False)["input_ids"]
+        out += [Request(f"p{i}", k, ids, sample_seed(0, f"p{i}", k), max_tokens) for k in range(n)]
     return out
+
+
+class TransformersGenerate:
+    """The peer: `model.generate(do_sample=True)` with the same sampling, one padded batch per
+    call (what the hf backend did before it decoded by itself)."""
+
+    def __init__(self, gen):
+        self.gen = gen
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list:
+        import torch
+
+        tok, model = self.gen.tokenizer, self.gen.model
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids):] = 1
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
+                                 temperature=sampling.temperature, top_k=sampling.top_k,
+                                 top_p=sampling.top_p, max_new_tokens=sampling.max_tokens,
+                                 pad_token_id=tok.pad_token_id,
+                                 eos_token_id=sorted(self.gen.eos_ids))[:, width:]
+        ends = [next((k + 1 for k, t in enumerate(row) if t in self.gen.eos_ids), len(row))
+                for row in out.tolist()]
+        return [Completion(row[:e], "", "stop") for row, e in zip(out.tolist(), ends, strict=True)]
 
 
 def measure(gen, requests: list[Request], sampling: SamplingConfig, batch: int) -> tuple[float, float]:
@@ -48,9 +79,10 @@ def measure(gen, requests: list[Request], sampling: SamplingConfig, batch: int) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--problems", type=int, default=64)
+    ap.add_argument("--n", type=int, default=8, help="samples per problem")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--batch-sizes", default="1,8,32,128")
+    ap.add_argument("--batch-sizes", default="8,64,200")
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--vllm", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_infer"))
@@ -59,26 +91,26 @@ def main() -> None:
     from reasoner.infer.hf import HFGenerator
 
     gen = HFGenerator(ModelConfig(name_or_path=str(model)))
-    sampling = SamplingConfig(n=1, temperature=0.6, top_k=40, top_p=0.95,
+    sampling = SamplingConfig(n=args.n, temperature=0.6, top_k=40, top_p=0.95,
                               max_tokens=args.max_tokens, logprobs=True)
-    reqs = requests_for(gen.tokenizer, args.samples, args.max_tokens)
+    reqs = requests_for(gen.tokenizer, args.problems, args.n, args.max_tokens)
     measure(gen, reqs[:4], sampling, 4)  # warm-up
     rows = []
     for b in [int(x) for x in args.batch_sizes.split(",")]:
-        n = reqs if b > 4 else reqs[: max(8, args.samples // 8)]
-        tps, sps = measure(gen, n, sampling, b)
-        rows.append((f"hf, batch {b}", tps, sps))
+        ours = measure(gen, reqs, sampling, b)
+        peer = measure(TransformersGenerate(gen), reqs, sampling, b)
+        rows.append((b, ours, peer))
+    print(f"\n{model}: {args.problems} prompts x {args.n} samples, up to {args.max_tokens} new "
+          "tokens each\n")
+    print("| batch | reasoner hf tokens/s | transformers generate tokens/s | ratio |\n|---|---|---|---|")
+    for b, ours, peer in rows:
+        print(f"| {b} | {ours[0]:,.0f} | {peer[0]:,.0f} | {ours[0] / peer[0]:.2f}x |")
     if args.vllm:
         from reasoner.infer.vllm import VLLMGenerator
 
         vgen = VLLMGenerator(ModelConfig(name_or_path=str(model)), VLLMConfig(), None, 0, True)
-        tps, sps = measure(vgen, reqs, sampling, len(reqs))
-        rows.append(("vllm, all at once", tps, sps))
-    base = rows[0][1]
-    print(f"\n{model}: {args.samples} prompts, {args.max_tokens} new tokens each\n")
-    print("| backend | generated tokens/s | samples/s | vs batch 1 |\n|---|---|---|---|")
-    for name, tps, sps in rows:
-        print(f"| {name} | {tps:,.0f} | {sps:.1f} | {tps / base:.1f}x |")
+        tps, _ = measure(vgen, reqs, sampling, len(reqs))
+        print(f"\nvllm, all at once: {tps:,.0f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
-"""`hf` backend: transformers `generate`, batched with left padding, on CPU or GPU.
+"""`hf` backend: a transformers model decoded in batches with a KV cache, on CPU or GPU.
 
-`generate` keeps the KV cache, padding and stopping; the sampling itself happens in a logits
-processor with one torch.Generator per sequence, seeded from (run seed, id, sample_idx). A
-sample therefore does not depend on which other samples share its batch, and the processor
-records the behaviour log-prob of every token it picks.
+Why not `generate`: a padded batch runs until its longest row ends, so with a long tail most
+row-steps compute rows that have already stopped (62% of them on the quickstart's eval); and
+per-row seeded sampling inside a logits processor costs one `multinomial` call per row per
+step. Here a row that stops leaves the batch (its slice of the KV cache is dropped), and every
+row samples by inverse CDF from a stream of uniforms drawn once from its own seed
+(run seed, id, sample_idx). A sample therefore does not depend on which other samples share
+its batch, and the log-prob of every picked token, under the distribution it was sampled from,
+is recorded on the way.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
@@ -17,25 +19,28 @@ from reasoner.data.template import stop_token_ids
 from reasoner.infer.base import Completion, Request, transform_logits
 
 
-class _Sampler:
-    """A LogitsProcessor that samples each row with its own generator and records log-probs."""
+def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
+                sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen ids, their log-probs), both (B,): row b takes the first token whose cumulative
+    probability exceeds uniforms[b] (in [0, 1)) under temperature / top-k / top-p of (B, V)
+    `logits`. Removed tokens have probability 0 and are never picked."""
+    logp = transform_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p
+                            ).log_softmax(-1)  # (B, V)
+    cdf = logp.double().exp().cumsum(-1)  # (B, V); float64: a 150k vocabulary sums exactly enough
+    target = uniforms.to(cdf.device, torch.float64) * cdf[:, -1]  # (B,)
+    chosen = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]  # (B,)
+    chosen = chosen.clamp_(max=logits.shape[-1] - 1)
+    return chosen, logp.gather(-1, chosen[:, None])[:, 0]
 
-    def __init__(self, seeds: list[int], sampling: SamplingConfig, device: torch.device):
-        self.generators = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
-        self.sampling = sampling
-        self.logprobs: list[list[float]] = [[] for _ in seeds]
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        s = self.sampling
-        logp = transform_logits(scores, s.temperature, s.top_k, s.top_p).log_softmax(-1)  # (B, V)
-        probs = logp.exp().cpu()
-        chosen = torch.empty(len(self.generators), dtype=torch.long)
-        for i, g in enumerate(self.generators):
-            chosen[i] = torch.multinomial(probs[i], 1, generator=g)[0]
-            self.logprobs[i].append(float(logp[i, chosen[i]]))
-        forced = torch.full_like(scores, float("-inf"))
-        forced[torch.arange(len(chosen)), chosen.to(scores.device)] = 0.0
-        return forced  # greedy decoding over this picks exactly `chosen`
+def uniform_streams(requests: list[Request]) -> torch.Tensor:
+    """(B, max_tokens) uniforms, row b drawn from request b's own seed (padding rows unused)."""
+    width = max(r.max_tokens for r in requests)
+    out = torch.zeros(len(requests), width, dtype=torch.float64)
+    for i, r in enumerate(requests):
+        g = torch.Generator().manual_seed(r.seed)
+        out[i, :r.max_tokens] = torch.rand(r.max_tokens, generator=g, dtype=torch.float64)
+    return out
 
 
 class HFGenerator:
@@ -47,7 +52,7 @@ class HFGenerator:
         self.model, self.tokenizer = models.load_model(cfg, device)
         self.model.eval()
         self.context_window = int(self.model.config.max_position_embeddings)
-        self.preferred_batch = batch_size  # padded batches: more rows waste compute on padding
+        self.preferred_batch = batch_size
         self.device = next(self.model.parameters()).device
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
@@ -57,36 +62,83 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
-        from transformers import LogitsProcessorList
-
         if not requests:
             return []
-        pad = self.tokenizer.pad_token_id
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(requests):  # left padding
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
-        sampler = _Sampler([r.seed for r in requests], sampling, self.device)
-        max_new = max(r.max_tokens for r in requests)
-        kwargs: dict[str, Any] = {}
-        if sampling.stop:
-            kwargs.update(stop_strings=sampling.stop, tokenizer=self.tokenizer)
-        out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-            max_new_tokens=max_new, do_sample=False, logits_processor=LogitsProcessorList([sampler]),
-            pad_token_id=pad, eos_token_id=sorted(self.eos_ids), num_beams=1,
-            temperature=None, top_p=None, top_k=None, **kwargs,
-        )[:, width:].cpu()
-        return [self._completion(out[i].tolist(), sampler.logprobs[i], r, sampling)
+        tokens, logprobs = self._decode(requests, sampling)
+        return [self._completion(tokens[i], logprobs[i], r, sampling)
                 for i, r in enumerate(requests)]
+
+    def _decode(self, requests: list[Request], sampling: SamplingConfig
+                ) -> tuple[list[list[int]], list[list[float]]]:
+        """Every request's sampled tokens and log-probs, up to and including what stopped it."""
+        from transformers import DynamicCache
+
+        # a prompt shared by several requests (n samples of one problem) is run once; its
+        # cache and logits are then copied to every request that shares it
+        prompts = list(dict.fromkeys(tuple(r.prompt_ids) for r in requests))
+        which = {p: k for k, p in enumerate(prompts)}
+        copies = torch.tensor([which[tuple(r.prompt_ids)] for r in requests], device=self.device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # (P, W), left padded
+        mask = torch.zeros_like(ids)
+        for k, p in enumerate(prompts):
+            ids[k, width - len(p):] = torch.tensor(p)
+            mask[k, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)  # (P, W)
+        uniforms = uniform_streams(requests)  # (B, max_tokens)
+        tokens: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        live = list(range(len(requests)))  # request index of each batch row
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)[copies]  # (B, V)
+        cache.batch_select_indices(copies)
+        mask, positions = mask[copies], positions[copies]  # (B, W)
+        positions = positions[:, -1:]  # (B, 1)
+        step = 0
+        while True:
+            chosen, lp = sample_rows(logits, uniforms[live, step], sampling)  # (B,), (B,)
+            keep = []
+            for row, (t, p) in enumerate(zip(chosen.tolist(), lp.tolist(), strict=True)):
+                i = live[row]
+                tokens[i].append(t)
+                logprobs[i].append(p)
+                if not self._stopped(tokens[i], requests[i].max_tokens, sampling):
+                    keep.append(row)
+            step += 1
+            if not keep:
+                return tokens, logprobs
+            if len(keep) < len(live):  # stopped rows leave the batch and the cache
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                chosen, mask, positions = chosen[index], mask[index], positions[index]
+                live = [live[row] for row in keep]
+            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=-1)  # (B, W + step)
+            positions = positions + 1
+            logits = self._forward(chosen[:, None], mask, positions, cache)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                 cache) -> torch.Tensor:
+        """(B, V) float logits of the last position."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    def _stopped(self, tokens: list[int], limit: int, sampling: SamplingConfig) -> bool:
+        if tokens[-1] in self.eos_ids or len(tokens) >= limit:
+            return True
+        if not sampling.stop:
+            return False
+        longest = max(len(s) for s in sampling.stop)
+        tail = self.tokenizer.decode(tokens[-(4 * longest + 1):])  # a token holds >= 1 byte
+        return any(s in tail for s in sampling.stop)
 
     def _completion(self, tokens: list[int], logprobs: list[float], r: Request,
                     sampling: SamplingConfig) -> Completion:
         """The row's tokens up to and including what ended it: the first eos / end-of-turn
-        token, or the token completing a stop string (generate pads a row it stopped on a
-        string, and the pad may itself be an eos id: the stop string is looked for first)."""
+        token, or the token completing a stop string (the stop string is looked for first: a
+        row given to this function may run past it, and its pad may itself be an eos id)."""
         end = next((k + 1 for k, t in enumerate(tokens) if t in self.eos_ids), None)
         if sampling.stop:  # text keeps the stop string, like token_ids
             upto = end if end is not None else min(len(tokens), r.max_tokens)
