@@ -19,7 +19,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def args(model, verified, out, *extra):
     return ["train-offline", str(REPO / "configs/quickstart/train_offline.yaml"),
             f"model.name_or_path={model}", f"input_dir={verified}", f"output_dir={out}",
-            "seq_len=256", "max_tokens=256", "run.global_batch=6", "run.max_steps=6",
+            "packing=true", "seq_len=256", "max_tokens=256", "run.global_batch=6", "run.max_steps=6",
             "run.progress=false", "optim.lr=1e-3", *extra]
 
 

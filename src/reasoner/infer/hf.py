@@ -43,6 +43,51 @@ def uniform_streams(requests: list[Request]) -> torch.Tensor:
     return out
 
 
+def _growing_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A full-attention KV cache layer whose buffer doubles when full: `DynamicLayer`
+        concatenates every step, copying the whole cache once per token (O(T^2) bytes)."""
+
+        length = 0
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if self.keys.numel() == 0 or end > self.keys.shape[-2]:
+                self.keys = self._grown(self.keys, key_states, end)
+                self.values = self._grown(self.values, value_states, end)
+            self.keys[..., self.length:end, :] = key_states
+            self.values[..., self.length:end, :] = value_states
+            self.length = end
+            return self.keys[..., :end, :], self.values[..., :end, :]
+
+        def _grown(self, old, new, end: int):
+            capacity = max(end, 2 * (old.shape[-2] if old.numel() else 0), 64)
+            buf = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])  # (B, H, capacity, D)
+            if old.numel():
+                buf[..., :self.length, :] = old[..., :self.length, :]
+            return buf
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+    return GrowingLayer
+
+
+def new_cache(config):
+    """A DynamicCache for `config` whose full-attention layers grow without `cat` per token."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=config)
+    growing = _growing_layer_class()
+    cache.layers = [growing() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 class HFGenerator:
     name = "hf"
 
@@ -71,8 +116,6 @@ class HFGenerator:
     def _decode(self, requests: list[Request], sampling: SamplingConfig
                 ) -> tuple[list[list[int]], list[list[float]]]:
         """Every request's sampled tokens and log-probs, up to and including what stopped it."""
-        from transformers import DynamicCache
-
         # a prompt shared by several requests (n samples of one problem) is run once; its
         # cache and logits are then copied to every request that shares it
         prompts = list(dict.fromkeys(tuple(r.prompt_ids) for r in requests))
@@ -91,7 +134,7 @@ class HFGenerator:
         tokens: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]
         live = list(range(len(requests)))  # request index of each batch row
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config)
         logits = self._forward(ids, mask, positions, cache)[copies]  # (B, V)
         cache.batch_select_indices(copies)
         mask, positions = mask[copies], positions[copies]  # (B, W)
