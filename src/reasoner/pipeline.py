@@ -397,6 +397,23 @@ def _save_state(run_dir: Path, state: dict) -> None:
     shards.atomic_write_text(run_dir / STATE, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
+def time_left(stages: list[Stage], done: Stage, min_seconds: float = 10.0) -> str | None:
+    """After `done` ran: the time the stages still to run should take here, their reference
+    times (expect_seconds) scaled by how much slower or faster this machine ran the stages so
+    far (those expected to take >= min_seconds: a 1-second stage says nothing about speed)."""
+    timed = [s for s in stages[:stages.index(done) + 1] if s.status != "skip"
+             and s.spec.expect_seconds is not None and s.spec.expect_seconds >= min_seconds]
+    if not timed:
+        return None
+    factor = sum(s.seconds for s in timed) / sum(s.spec.expect_seconds for s in timed)
+    rest = [s for s in stages[stages.index(done) + 1:] if s.status != "skip"]
+    if not rest:
+        return None
+    left = factor * sum(s.spec.expect_seconds or 0.0 for s in rest)
+    return (f"[time] about {left / 60:.0f} min left for {len(rest)} stages "
+            f"(this machine: {factor:.2f}x the reference's stage times)")
+
+
 def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str | None = None,
         dry_run: bool = False, echo=print) -> list[Stage]:
     """Run (or, with dry_run, only plan) the recipe; return its stages with status and numbers."""
@@ -429,6 +446,9 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
         started = time.perf_counter()
         _execute(s, path)
         s.seconds = time.perf_counter() - started
+        line = time_left(stages, s)
+        if line:
+            echo(line)
         s.headline, s.metrics = STAGES[s.command].headline(s.out)
         state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "done",
                                    "command": s.command,

@@ -147,6 +147,11 @@ class StageSpec(Strict):
     reports: list[str] = Field(
         default_factory=list, description="compare: eval stages to compare (default: every eval, in order)"
     )
+    expect_seconds: float | None = Field(
+        None, ge=0, description="what this stage took where the recipe was measured; `reasoner "
+        "run` scales the stages still to run by how fast this machine ran those before and prints "
+        "the time left"
+    )
 
     @field_validator("command")
     @classmethod

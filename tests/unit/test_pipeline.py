@@ -99,3 +99,23 @@ def test_a_vllm_stage_runs_in_its_own_process(monkeypatch, tmp_path):
                         subprocess.CompletedProcess(cmd, 0))
     pipeline._execute(stages["aime24"], tmp_path / "aime24.yaml")
     assert calls == [[sys.executable, "-m", "reasoner", "eval", "bench", str(tmp_path / "aime24.yaml")]]
+
+
+def test_time_left_scales_the_stages_to_run_by_this_machines_speed(tmp_path):
+    plan = []
+    for name, expect, status in [("data", 1, "skip"), ("sft", 100, "run"), ("tiny", 2, "run"),
+                                 ("eval", 20, "run"), ("done-before", 50, "skip"), ("rl", 40, "run"),
+                                 ("compare", None, "run")]:
+        (tmp_path / name).mkdir()
+        plan.append(pipeline.Stage(name, StageSpec(name=name, command="verify", expect_seconds=expect),
+                                   tmp_path / name, {}, chain=name, status=status))
+    plan[1].seconds = 250.0  # this machine ran SFT 2.5x slower than the reference
+    assert pipeline.time_left(plan, plan[1]) == (
+        "[time] about 3 min left for 4 stages (this machine: 2.50x the reference's stage times)")
+    # (20 + 40) * 2.5 = 150 s; skipped stages and the 2-second one do not count
+    plan[2].seconds = 60.0  # under 10 s expected: not evidence of speed
+    plan[3].seconds = 10.0  # eval ran at the reference's half time: factor (250 + 10) / 120
+    assert "this machine: 2.17x" in pipeline.time_left(plan, plan[3])
+    assert pipeline.time_left(plan, plan[0]) is None  # nothing timed yet
+    plan[5].seconds = 40.0
+    assert pipeline.time_left(plan, plan[6]) is None  # nothing left

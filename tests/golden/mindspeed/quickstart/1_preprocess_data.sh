@@ -23,4 +23,4 @@ python preprocess_data.py \
     --log-interval 1000 \
     --pack \
     --neat-pack \
-    --seq-length 512
+    --seq-length 256

@@ -40,10 +40,10 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --tensor-model-parallel-size 1 \
     --pipeline-model-parallel-size 1 \
     --use-distributed-optimizer \
-    --seq-length 512 \
-    --max-position-embeddings 512 \
-    --micro-batch-size 1 \
-    --global-batch-size 4 \
+    --seq-length 256 \
+    --max-position-embeddings 256 \
+    --micro-batch-size 8 \
+    --global-batch-size 8 \
     --train-iters ${TRAIN_ITERS} \
     --lr 0.002 \
     --min-lr 0.0001 \
