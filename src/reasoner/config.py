@@ -194,6 +194,9 @@ class SynthConfig(Strict):
         le=1.0,
         description="share of SFT demonstrations with one arithmetic slip (and the answer it leads to)",
     )
+    verbose_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of SFT demonstrations that re-check every step "
+        "(each equation written twice, 'check: ...'): same answers, about twice the tokens")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags and wording")
     overwrite: bool = Field(False, description="replace an existing output folder")
 

@@ -118,8 +118,10 @@ def problem_text(p: Puzzle) -> str:
     return " ".join(lines)
 
 
-def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0) -> tuple[list[str], int]:
-    """One equation per line; `slip_at` adds `slip` to that step's result (a flawed demonstration)."""
+def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0,
+                   verbose: bool = False) -> tuple[list[str], int]:
+    """One equation per line; `slip_at` adds `slip` to that step's result (a flawed
+    demonstration); `verbose` re-checks each step on a line of its own (redundant reasoning)."""
     x, lines = p.start, []
     for i, op in enumerate(p.ops):
         if op.kind == "groups":
@@ -136,6 +138,8 @@ def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0) -> tupl
         if i == slip_at:
             y += slip
         lines.append(f"{expr} = {y}")
+        if verbose:
+            lines.append(f"check: {expr} = {y}")
         x = y
     return lines, x
 
@@ -214,15 +218,19 @@ def run(cfg: SynthConfig) -> dict[str, Path]:
         shards.finish(folder, {"problems": len(puzzles)})
     rng = random.Random(cfg.seed + 1)
     flawed = set(rng.sample(range(len(train)), round(cfg.flawed_fraction * len(train))))
+    # drawn from its own generator: verbose_fraction 0 leaves every other shard byte-identical
+    verbose = set(random.Random(cfg.seed + 2).sample(range(len(train)),
+                                                     round(cfg.verbose_fraction * len(train))))
     rows = []
     for i, p in enumerate(train):
         slip_at, slip = _slip(rng, p) if i in flawed else (None, 0)
-        lines, final = solution_lines(p, slip_at, slip)
+        lines, final = solution_lines(p, slip_at, slip, verbose=i in verbose)
         rows.append(SFTExample(id=puzzle_id(p), prompt=problem_text(p),
                                response=render_response("\n".join(lines), str(final), cfg.template),
                                flawed=i in flawed))
     shards.reset(folders["sft"], "data synth", config)
     shards.write_rows(folders["sft"], rows)
-    shards.finish(folders["sft"], {"examples": len(rows), "flawed": len(flawed)},
+    shards.finish(folders["sft"], {"examples": len(rows), "flawed": len(flawed),
+                                   "verbose": len(verbose)},
                   seconds=round(time.perf_counter() - started, 3))
     return folders

@@ -99,3 +99,25 @@ def test_impossible_request_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="distinct problems"):
         synthetic.generate(SynthConfig(output_dir=tmp_path, num_train=5000, num_test=10,
                                        levels=[0], max_start=3, max_operand=2))
+
+
+def test_verbose_demonstrations_recheck_every_step_with_the_same_answer(tmp_path):
+    _, _, plain = synth(tmp_path / "plain")
+    _, _, mixed = synth(tmp_path / "mixed", verbose_fraction=0.5)
+    assert len(plain) == len(mixed) == 400
+    verbose = 0
+    for a, b in zip(plain, mixed, strict=True):
+        assert a["id"] == b["id"] and a["prompt"] == b["prompt"]
+        if a["response"] == b["response"]:
+            continue
+        verbose += 1
+        lines = b["response"].split("\n")
+        checks = [x for x in lines if x.startswith("check: ")]
+        # one re-check per operation, each repeating the line above it; drop them and the
+        # concise demonstration (and its answer) is what is left
+        operations = len(re.split(r"(?<=[.?])\s", a["prompt"])) - 2
+        assert len(checks) == operations
+        assert all(lines[k].removeprefix("check: ") == lines[k - 1]
+                   for k in range(len(lines)) if lines[k].startswith("check: "))
+        assert "\n".join(x for x in lines if not x.startswith("check: ")) == a["response"]
+    assert verbose == 200
