@@ -20,8 +20,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def args(synth_dir, model_dir, out, *extra):
     return ["sft", str(REPO / "configs/quickstart/sft.yaml"), f"model.name_or_path={model_dir}",
             f"data.path={synth_dir}/sft", f"output_dir={out}", "data.limit=64", "seq_len=600", "max_tokens=600",
-            "run.global_batch=2", "run.epochs=1", "run.max_steps=8", "run.progress=false",
-            "optim.lr=1e-3", *extra]
+            "run.global_batch=2", "run.micro_batch=1", "run.epochs=1", "run.max_steps=8",
+            "run.progress=false", "optim.lr=1e-3", *extra]
 
 
 def reasoner(*a, **kw):
