@@ -123,12 +123,16 @@ def compare(paths: list[Path], out: Path | None = None, resamples: int = 1000) -
         (out / "compare.md").write_text(result["markdown"])
         plt = _pyplot()
         if plt is not None:
-            fig, ax = plt.subplots(figsize=(6, 3.5))
+            fig, (ax, lx) = plt.subplots(1, 2, figsize=(10, 3.5))
             names = [Path(x["name"]).name or x["name"] for x in rows]
             vals = [100 * x["pass@1"] for x in rows]
             err = [[100 * (x["pass@1"] - x["pass@1_ci95"][0]) for x in rows],
                    [100 * (x["pass@1_ci95"][1] - x["pass@1"]) for x in rows]]
             ax.bar(names, vals, yerr=err, capsize=4)
-            ax.set(ylabel="pass@1 (%)", title="comparison (95% bootstrap CI)")
+            ax.set(ylabel="pass@1 (%)", title="accuracy (95% bootstrap CI)")
+            lx.bar(names, [x["mean_response_tokens"] for x in rows], color="tab:orange")
+            lx.set(ylabel="mean response tokens", title="response length")
+            for a in (ax, lx):
+                a.tick_params(axis="x", labelrotation=20)
             result["plot"] = _save(fig, out / "compare.png", plt)
     return result
