@@ -42,6 +42,9 @@ def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model
     ref = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "killed"
+    out.mkdir()  # a run killed before its first checkpoint left these rows: a fresh start drops them
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "loss": 99.0}) + "\n"
+                                               for k in range(1, 76)))
     cmd = [sys.executable, "-m", "reasoner", *args(synth_dir, tiny_model_dir, out,
                                                     "run.save_every=2", "run.keep_last=5")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
@@ -57,8 +60,10 @@ def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["counts"]["resumed_from"] >= 4
     assert same(weights(out / "final"), weights(tmp_path / "ref" / "final"), atol=1e-6)
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]  # the resumed run continues the file, no step twice
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] == manifest["counts"]["steps"]
+    assert all(r["loss"] != 99.0 for r in rows)
 
 
 @pytest.mark.slow
