@@ -51,13 +51,11 @@ class TransformersGenerate:
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list:
         import torch
 
+        from reasoner.infer.hf import left_padded
+
         tok, model = self.gen.tokenizer, self.gen.model
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
+        ids, mask = left_padded([r.prompt_ids for r in requests], tok.pad_token_id)
+        width = ids.shape[1]
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
                                  temperature=sampling.temperature, top_k=sampling.top_k,

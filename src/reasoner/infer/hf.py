@@ -12,6 +12,8 @@ is recorded on the way.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from reasoner.config import ModelConfig, SamplingConfig
@@ -43,7 +45,19 @@ def uniform_streams(requests: list[Request]) -> torch.Tensor:
     return out
 
 
-def _growing_layer_class():
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both (P, W): the prompts right-aligned, pad on the left."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for k, p in enumerate(prompts):
+        ids[k, width - len(p):] = torch.tensor(p)
+        mask[k, width - len(p):] = 1
+    return ids, mask
+
+
+@functools.cache
+def _growing_layer_class():  # built once, on first use: transformers is imported lazily
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
@@ -122,12 +136,7 @@ class HFGenerator:
         which = {p: k for k, p in enumerate(prompts)}
         copies = torch.tensor([which[tuple(r.prompt_ids)] for r in requests], device=self.device)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # (P, W), left padded
-        mask = torch.zeros_like(ids)
-        for k, p in enumerate(prompts):
-            ids[k, width - len(p):] = torch.tensor(p)
-            mask[k, width - len(p):] = 1
+        ids, mask = left_padded([list(p) for p in prompts], pad)  # (P, W)
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)  # (P, W)
         uniforms = uniform_streams(requests)  # (B, max_tokens)
