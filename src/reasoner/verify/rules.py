@@ -28,6 +28,8 @@ from reasoner.verify.normalize import (
 )
 
 SENTINEL = None
+READY = "ready"  # a worker's hello once it can take items
+STARTUP_TIMEOUT_S = 300.0
 
 
 def _is_prose(text: str) -> bool:
@@ -132,6 +134,7 @@ def _worker(conn: Connection, memory_mb: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ImportError, ValueError, OSError):
         pass  # no cap on this platform: the wall-clock limit still holds
+    conn.send(READY)  # deadlines count from here, never from the process start
     while True:
         item = conn.recv()
         if item is SENTINEL:
@@ -177,16 +180,30 @@ class VerifierPool:
         self._workers: list[tuple[mp.Process, Connection]] = []
         self.replaced = 0
 
-    def _spawn(self) -> tuple[mp.Process, Connection]:
+    def _start(self) -> tuple[mp.Process, Connection]:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker, args=(child, self.memory_mb), daemon=True)
         proc.start()
         child.close()
         return proc, parent
 
+    @staticmethod
+    def _ready(worker: tuple[mp.Process, Connection]) -> tuple[mp.Process, Connection]:
+        """Wait for a started worker's hello. A worker's start (the fork server's first start,
+        a script's imports re-run in the child on a busy machine) can take seconds: counted
+        against the first item's deadline it turned correct answers into timeouts."""
+        proc, conn = worker
+        if not conn.poll(STARTUP_TIMEOUT_S) or conn.recv() != READY:
+            proc.kill()
+            raise RuntimeError(f"a math-verify worker did not start within {STARTUP_TIMEOUT_S} s")
+        return worker
+
+    def _spawn(self) -> tuple[mp.Process, Connection]:
+        return self._ready(self._start())
+
     def _ensure(self) -> None:
-        while len(self._workers) < self.size:
-            self._workers.append(self._spawn())
+        started = [self._start() for _ in range(self.size - len(self._workers))]
+        self._workers += [self._ready(w) for w in started]  # all start at once
 
     def map(self, pairs: Iterable[tuple[str, str]]) -> list[bool | None]:
         """Verdicts in input order (None: past its deadline); each item has its own deadline."""

@@ -102,3 +102,26 @@ def test_is_equivalent_never_hangs():
 def test_aime_answers_are_strings_the_verifier_accepts(name):
     rows = shared_eval_rows(name)
     assert all(isinstance(json.loads(json.dumps(str(r["answer"]))), str) for r in rows)
+
+
+SLOW_MAIN = '''
+import time
+time.sleep(1.0)  # a slow import: forkserver / spawn workers re-run the main script's top level
+from reasoner.verify.rules import VerifierPool
+if __name__ == "__main__":
+    with VerifierPool(2, timeout_s=0.5) as pool:
+        print(pool.map([("1", "1"), ("2", "2"), ("1/2", "0.5")]))
+'''
+
+
+def test_a_slow_worker_start_does_not_count_against_the_deadline(tmp_path):
+    """A script whose imports take 1 s (eval scripts import torch) verifies with a 0.5 s
+    deadline: the deadline runs from the worker's hello, so nothing is called a timeout."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "slow_main.py"
+    script.write_text(SLOW_MAIN)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[True, True, True]"
