@@ -198,9 +198,12 @@ def infer(
     rows += [(k.replace("_", " "), f"{v:.3f}" if isinstance(v, float) else v)
              for k, v in counts.items()]
     last = manifest.get("last_run", {})
+    if last.get("load_seconds") is not None:
+        rows.append(("model load", f"{last['load_seconds']:.1f} s (engine start on vllm)"))
     if last.get("seconds"):
         rows.append(("throughput", f"{last['generated'] / last['seconds']:.1f} samples/s, "
-                                   f"{last['tokens'] / last['seconds']:,.0f} tokens/s"))
+                                   f"{last['tokens'] / last['seconds']:,.0f} tokens/s "
+                                   "(generation alone)"))
     summary("infer", rows)
 
 

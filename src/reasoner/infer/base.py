@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -42,15 +43,32 @@ class Generator(Protocol):
     name: str
     tokenizer: Any  # the model's tokenizer (prompts are rendered and tokenized with it)
     context_window: int  # longest prompt + response the model takes
-    preferred_batch: int  # requests per `generate` call that keep the backend busy
+    preferred_batch: int  # requests the backend decodes together (hf: its batch size)
+
+    def stream(self, requests: list[Request], sampling: SamplingConfig
+               ) -> Iterator[tuple[int, Completion]]:
+        """(index into `requests`, completion) for every request, as each one finishes: a
+        caller writes results as they come, so no request waits for a slower neighbour."""
+        ...
 
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
-        """One completion per request, in request order."""
+        """One completion per request, in request order (all of `stream`, reordered)."""
         ...
 
     def close(self) -> None:
         """Release the model (and its memory)."""
         ...
+
+
+def in_order(stream: Iterator[tuple[int, Completion]], n: int) -> list[Completion]:
+    """The n completions of a `stream`, in request order."""
+    out: list[Completion | None] = [None] * n
+    for i, c in stream:
+        out[i] = c
+    missing = [i for i, c in enumerate(out) if c is None]
+    if missing:
+        raise RuntimeError(f"the backend returned no completion for requests {missing[:5]}")
+    return out  # type: ignore[return-value]
 
 
 def sample_seed(run_seed: int, problem_id: str, sample_idx: int) -> int:

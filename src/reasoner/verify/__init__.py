@@ -25,7 +25,7 @@ from reasoner.verify import decontam, filters
 from reasoner.verify.extract import extract_answer
 
 VERDICTS = "verdicts"
-CHUNK = 512  # samples verified between two flushes of the verdict shard
+CHUNK = 512  # samples checked by the rule verifier between two flushes of the verdict shard
 
 
 def _rule_verdict(extracted: str | None, ok: bool | None) -> str:
@@ -60,6 +60,7 @@ def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress
     try:
         with shards.PartWriter(folder, 0) as writer, progress_bar(progress) as bar:
             task = bar.add_task("verify", total=len(todo), info="")
+            held: list[tuple[dict, dict]] = []  # (sample, verdict row) waiting for the judge
             for start in range(0, len(todo), CHUNK):
                 chunk = todo[start:start + CHUNK]
                 rows = [{"id": s["id"], "sample_idx": s["sample_idx"],
@@ -72,16 +73,19 @@ def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress
                     for r in rows:
                         ok = next(verdicts) if r["extracted"] is not None else False
                         r["rule_verdict"] = _rule_verdict(r["extracted"], ok)
-                if judge is not None:
-                    ask = [i for i, r in enumerate(rows)
-                           if cfg.mode != "rule_then_judge" or r["rule_verdict"] != "correct"]
-                    answers = judge.judge([{**chunk[i], "extracted": rows[i]["extracted"]}
-                                           for i in ask])
-                    for i, (v, reply) in zip(ask, answers, strict=True):
-                        rows[i]["judge_verdict"], rows[i]["judge_output"] = _judge_verdict(v), reply
-                for r in rows:
-                    writer.write(r)
-                bar.update(task, advance=len(chunk))
+                for s, r in zip(chunk, rows, strict=True):
+                    if judge is not None and (cfg.mode != "rule_then_judge"
+                                              or r["rule_verdict"] != "correct"):
+                        held.append((s, r))
+                    else:
+                        writer.write(r)
+                        bar.update(task, advance=1)
+            if held:  # every judge prompt at once; each verdict written as it arrives
+                asks = [{**s, "extracted": r["extracted"]} for s, r in held]
+                for i, v, reply in judge.stream(asks):
+                    writer.write({**held[i][1], "judge_verdict": _judge_verdict(v),
+                                  "judge_output": reply})
+                    bar.update(task, advance=1)
     finally:
         if pool is not None:
             pool.close()
@@ -141,7 +145,9 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
                            complete=False)
     # Verdicts are reused across runs whose verdict settings agree (a filter change re-judges
     # nothing); other settings start them afresh.
-    verdict_key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s", "judge")}
+    verdict_key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s")}
+    # the judge's speed settings do not change a verdict
+    verdict_key["judge"] = {k: v for k, v in config["judge"].items() if k not in ("batch_size", "vllm")}
     if (shards.read_manifest(out / VERDICTS) or {}).get("config") != verdict_key:
         shards.reset(out / VERDICTS, "verify verdicts", verdict_key)
     samples = list(shards.iter_rows(cfg.input_dir, Sample))

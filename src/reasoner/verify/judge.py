@@ -2,8 +2,9 @@
 
 As PCL-Reasoner-V1.5 did with Qwen3-32B. The prompt is a template file (configs/judge/); the
 judge sees the problem, the reference and the extracted answer (or the response tail when no
-answer could be extracted). Decoding is greedy; thinking is stripped from the reply, which is
-then parsed strictly: only a single `\\boxed{0}` or `\\boxed{1}` at the very end counts.
+answer could be extracted). Decoding is greedy with thinking off (the default), or Qwen3's
+recommended sampling with it on; thinking is stripped from the reply, which is then parsed
+strictly: only a single `\\boxed{0}` or `\\boxed{1}` at the very end counts.
 Anything else is `invalid`, retried with sampling up to `retries` times, and then recorded as
 invalid, never as correct.
 """
@@ -11,6 +12,7 @@ invalid, never as correct.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from reasoner.config import JudgeConfig, SamplingConfig, TemplateConfig
@@ -88,24 +90,36 @@ class Judge:
         return render_messages([{"role": "user", "content": text}], TemplateConfig(),
                                self.tokenizer, enable_thinking=self.cfg.enable_thinking)
 
-    def judge(self, items: list[dict]) -> list[tuple[int | None, str]]:
-        """(verdict, last reply) for items with problem, answer, extracted, response, id, sample_idx."""
+    def stream(self, items: list[dict]) -> Iterator[tuple[int, int | None, str]]:
+        """(index, verdict, last reply) of each item as soon as its verdict is final.
+
+        Items have problem, answer, extracted, response, id, sample_idx. Every prompt goes to
+        the backend at once (vLLM schedules them; nobody waits for a slow neighbour); an
+        unparseable reply is asked again, sampled, up to `retries` times, then is `None`."""
         prompts = [self.tokenizer(self.prompt_text(it), add_special_tokens=False)["input_ids"]
                    for it in items]
-        results: list[tuple[int | None, str]] = [(None, "")] * len(items)
         todo = list(range(len(items)))
         for attempt in range(self.cfg.retries + 1):
-            if not todo:
-                break
             sampling = self._sampling(attempt)
-            for start in range(0, len(todo), self.gen.preferred_batch):
-                batch = todo[start:start + self.gen.preferred_batch]
-                requests = [Request(items[i]["id"], items[i]["sample_idx"], prompts[i],
-                                    sample_seed(attempt, items[i]["id"], items[i]["sample_idx"]),
-                                    self.cfg.max_tokens) for i in batch]
-                for i, c in zip(batch, self.gen.generate(requests, sampling), strict=True):
-                    results[i] = (parse_verdict(c.text), c.text)
-            todo = [i for i in todo if results[i][0] is None]
+            requests = [Request(items[i]["id"], items[i]["sample_idx"], prompts[i],
+                                sample_seed(attempt, items[i]["id"], items[i]["sample_idx"]),
+                                self.cfg.max_tokens) for i in todo]
+            again = []
+            for j, c in self.gen.stream(requests, sampling):
+                verdict = parse_verdict(c.text)
+                if verdict is None and attempt < self.cfg.retries:
+                    again.append(todo[j])
+                else:
+                    yield todo[j], verdict, c.text
+            todo = sorted(again)
+            if not todo:
+                return
+
+    def judge(self, items: list[dict]) -> list[tuple[int | None, str]]:
+        """(verdict, last reply) per item, in item order."""
+        results: list[tuple[int | None, str]] = [(None, "")] * len(items)
+        for i, verdict, reply in self.stream(items):
+            results[i] = (verdict, reply)
         return results
 
     def close(self) -> None:

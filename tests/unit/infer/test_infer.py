@@ -181,3 +181,61 @@ def test_hf_row_stopped_on_a_string_keeps_no_pad_even_when_pad_is_an_eos(tiny_mo
     c = gen._completion(tokens, lps, Request("p", 0, [1], 0, 64), SamplingConfig(stop=["DONE"]))
     assert c.finish_reason == "stop" and pad not in c.token_ids
     assert c.text.endswith("DONE") and len(c.logprobs) == len(c.token_ids) < len(body)
+
+
+def test_each_sample_is_on_disk_as_soon_as_it_is_finished(tmp_path, synth_dir, tiny_model_dir,
+                                                          monkeypatch):
+    """A crash after 5 finished samples (of 12, in one decode batch of 12) keeps those 5; the
+    rerun generates only the other 7, and the result equals an uninterrupted run."""
+    from reasoner.infer.hf import HFGenerator
+
+    real_stream = HFGenerator.stream
+
+    def crashing(self, requests, sampling):
+        for n, item in enumerate(real_stream(self, requests, sampling)):
+            if n == 5:
+                raise RuntimeError("node lost")
+            yield item
+
+    cfg = cfg_for(synth_dir, tiny_model_dir, tmp_path / "s", batch_size=12)
+    monkeypatch.setattr(HFGenerator, "stream", crashing)
+    with pytest.raises(RuntimeError, match="node lost"):
+        infer.run(cfg, progress=False)
+    assert len(rows(tmp_path / "s")) == 5
+    asked = []
+    monkeypatch.setattr(HFGenerator, "stream", lambda self, requests, sampling: (
+        asked.append(len(requests)) or real_stream(self, requests, sampling)))
+    resumed = rows(infer.run(cfg, progress=False))
+    assert asked == [7]
+    whole = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "w"), progress=False))
+    key = lambda r: (r["id"], r["sample_idx"])  # noqa: E731
+    for a, b in zip(sorted(resumed, key=key), sorted(whole, key=key), strict=True):
+        # the same tokens; log-probs to float rounding (another batch, other matmul shapes)
+        assert {**a, "logprobs": None} == {**b, "logprobs": None}
+        assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-5)
+
+
+def test_vllm_engine_settings_on_a_cpu_and_a_gpu():
+    """On a CPU: fp32 for dtype auto (as hf), a KV cache of the configured size rather than
+    90% of RAM, no chunked prefill (vLLM 0.32's CPU runner crashes on seeded requests whose
+    prompt is split across steps) and a step budget that holds the longest prompt."""
+    from reasoner.config import ModelConfig, VLLMConfig
+    from reasoner.infer.vllm import engine_args
+
+    model = ModelConfig(name_or_path="m")
+    cpu = engine_args(model, VLLMConfig(cpu_kv_cache_gib=0.5), 16384, 7, True, on_cpu=True)
+    assert cpu["dtype"] == "float32" and cpu["kv_cache_memory_bytes"] == 2**29
+    assert cpu["enable_chunked_prefill"] is False and cpu["max_num_batched_tokens"] == 16384
+    assert cpu["logprobs_mode"] == "processed_logprobs" and cpu["seed"] == 7
+    assert "gpu_memory_utilization" not in cpu
+    gpu = engine_args(model, VLLMConfig(), 4096, 0, False, on_cpu=False)
+    assert gpu["dtype"] == "auto" and gpu["gpu_memory_utilization"] == 0.9
+    assert not {"kv_cache_memory_bytes", "enable_chunked_prefill", "logprobs_mode"} & gpu.keys()
+    bf16 = engine_args(ModelConfig(name_or_path="m", dtype="bfloat16"), VLLMConfig(), 4096, 0,
+                       False, on_cpu=True)
+    assert bf16["dtype"] == "bfloat16" and bf16["max_num_batched_tokens"] == 8192
+
+
+def test_temperature_above_vllms_limit_is_refused_at_load():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=2.5)

