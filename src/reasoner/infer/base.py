@@ -8,8 +8,8 @@ teacher-forced pass over prompt + response through `processed_logprobs` gives th
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
