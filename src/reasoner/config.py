@@ -276,8 +276,11 @@ class JudgeConfig(Strict):
     )
     max_tokens: int = Field(1024, ge=1, description="most tokens the judge may write")
     retries: int = Field(2, ge=0, description="extra attempts (sampled) when a reply is unparseable")
+    candidate: Literal["extracted", "tail"] = Field(
+        "extracted", description="what the judge sees as the candidate: the extracted final answer "
+        "(the response tail when none), or always the response tail (PCL-Reasoner-V1.5)")
     tail_chars: int = Field(
-        1500, ge=1, description="response tail shown when no final answer could be extracted")
+        1500, ge=1, description="characters of the response tail shown to the judge")
     batch_size: int = Field(32, ge=1, description="judge prompts per generate call (hf)")
     enable_thinking: bool = Field(
         False, description="let a thinking judge (Qwen3) think first; off: its chat template's "

@@ -43,20 +43,28 @@ def load_prompt(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"judge prompt template {path} does not exist (judge.prompt_file)")
     text = path.read_text()
-    missing = [k for k in ("{problem}", "{reference}", "{candidate}") if k not in text]
+    missing = [k for k in ("{reference}", "{candidate}") if k not in text]
     if missing:
-        raise ConfigError(f"{path}: the judge prompt must contain {', '.join(missing)}")
+        raise ConfigError(f"{path}: the judge prompt must contain {', '.join(missing)} "
+                          "({problem} is optional)")
     return text
 
 
 def render(template: str, problem: str, reference: str, extracted: str | None, response: str,
-           tail_chars: int) -> str:
-    candidate = extracted if extracted is not None else (
-        "(no final answer was extracted; the end of the response follows)\n"
-        + response[-tail_chars:])
+           tail_chars: int, candidate: str = "extracted") -> str:
+    """The judge prompt. `candidate`: "extracted" shows the extracted final answer (the response
+    tail when none was found); "tail" always shows the response's last `tail_chars` characters
+    (PCL-Reasoner-V1.5: the end of the reasoning, in which only the boxed answer counts)."""
+    if candidate == "tail":
+        shown = response[-tail_chars:]
+    elif extracted is not None:
+        shown = extracted
+    else:
+        shown = ("(no final answer was extracted; the end of the response follows)\n"
+                 + response[-tail_chars:])
     # str.replace, not format: problems are full of LaTeX braces
     return (template.replace("{problem}", problem).replace("{reference}", reference)
-            .replace("{candidate}", candidate))
+            .replace("{candidate}", shown))
 
 
 class Judge:
@@ -86,7 +94,7 @@ class Judge:
     def prompt_text(self, item: dict) -> str:
         """The judge's full prompt for one item, through its chat template (thinking on or off)."""
         text = render(self.template, item["problem"], item["answer"], item.get("extracted"),
-                      item["response"], self.cfg.tail_chars)
+                      item["response"], self.cfg.tail_chars, self.cfg.candidate)
         return render_messages([{"role": "user", "content": text}], TemplateConfig(),
                                self.tokenizer, enable_thinking=self.cfg.enable_thinking)
 

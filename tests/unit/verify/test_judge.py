@@ -37,6 +37,11 @@ def test_prompt_template_renders_with_latex_braces(tmp_path):
     text = render(template, "Find $\\frac{a}{b}$.", "\\frac{1}{2}", None, "long response " * 500, 50)
     assert "Find $\\frac{a}{b}$." in text and "\\frac{1}{2}" in text
     assert "(no final answer was extracted" in text and text.count("long response") <= 5
+    # the PCL-Reasoner-V1.5 prompt: no problem, the response tail even when an answer was found
+    pcl = load_prompt(Path(__file__).resolve().parents[3] / "configs/judge/pcl_prompt.txt")
+    response = "step " * 400 + "so the answer is \\boxed{7}"
+    text = render(pcl, "Find x.", "7", "7", response, 60, candidate="tail")
+    assert "Find x." not in text and text.count("step") == 6 and "\\boxed{7}" in text
     bad = tmp_path / "p.txt"
     bad.write_text("no placeholders")
     with pytest.raises(ValueError, match=r"\{problem\}"):
