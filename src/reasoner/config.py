@@ -248,6 +248,22 @@ class VLLMConfig(Strict):
     enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
 
 
+class RayConfig(Strict):
+    """Generation on a Ray cluster: `workers` actors, each holding one engine (hf or vllm),
+    fed chunks of requests; this process writes every result, so the shard is the same as
+    without Ray and nothing but the model has to be shared between nodes."""
+
+    workers: int = Field(0, ge=0, description="Ray actors, one engine each; 0 = no Ray (this process)")
+    address: str | None = Field(
+        None, description="cluster to join: 'auto' (the one `ray start` made here) or HOST:PORT; "
+        "null: a local cluster for this run")
+    chunk: int = Field(256, ge=1, description="requests per call to an actor")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each actor")
+    gpus_per_worker: float | None = Field(
+        None, ge=0, description="GPUs per actor; default vllm.tensor_parallel_size on a GPU cluster, "
+        "0 on CPUs")
+
+
 class InferConfig(Strict):
     """`reasoner infer`: n candidate answers per problem, written as a Sample shard."""
 
@@ -262,6 +278,7 @@ class InferConfig(Strict):
     max_model_len: int | None = Field(
         None, ge=2, description="context window; default: the model's max_position_embeddings")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
     overwrite: bool = Field(False, description="discard an output folder written with another config")
 
 
@@ -288,6 +305,7 @@ class JudgeConfig(Strict):
         "0.95, top-k 20; greedy loops) and a reply budget big enough for the thinking")
     max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
 
 
 class FilterConfig(Strict):
@@ -360,6 +378,7 @@ class EvalConfig(Strict):
     batch_size: int = Field(64, ge=1, description="sequences per generate call (hf)")
     max_model_len: int | None = Field(None, ge=2, description="context window")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
     mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
         "rule", description="verifier (see reasoner verify)")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="optional LLM judge")

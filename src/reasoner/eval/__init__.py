@@ -44,7 +44,7 @@ def run(cfg: EvalConfig, progress: bool = True) -> Path:
     samples = infer.run(InferConfig(
         model=cfg.model, data=DataConfig(path=str(out / "problems")), output_dir=out / "samples",
         template=cfg.template, sampling=cfg.sampling, backend=cfg.backend,
-        batch_size=cfg.batch_size, max_model_len=cfg.max_model_len, vllm=cfg.vllm,
+        batch_size=cfg.batch_size, max_model_len=cfg.max_model_len, vllm=cfg.vllm, ray=cfg.ray,
         overwrite=True), progress=progress)
     verified = verify.run(VerifyConfig(
         input_dir=samples, output_dir=out / "verified", mode=cfg.mode, template=cfg.template,

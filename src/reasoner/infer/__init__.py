@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reasoner import shards
-from reasoner.config import InferConfig, ModelConfig, VLLMConfig, dump
+from reasoner.config import InferConfig, ModelConfig, RayConfig, VLLMConfig, dump
 from reasoner.data import sources
 from reasoner.data.template import render_prompt
 from reasoner.errors import DataError, InputError
@@ -35,9 +35,14 @@ def pick_backend(backend: str) -> str:
 
 def make_generator(model: ModelConfig, backend: str, engine: VLLMConfig,
                    max_model_len: int | None = None, seed: int = 0, logprobs: bool = False,
-                   batch_size: int = 64) -> Generator:
+                   batch_size: int = 64, ray: RayConfig | None = None) -> Generator:
     """A generator for `model` on `backend` (auto resolved here); infer, eval and the judge
-    each build theirs from their own config."""
+    each build theirs from their own config. With `ray.workers`, the engines live on Ray
+    actors and this is the driver's handle to them."""
+    if ray is not None and ray.workers > 0:
+        from reasoner.infer.raygen import RayGenerator
+
+        return RayGenerator(ray, model, backend, engine, max_model_len, seed, logprobs, batch_size)
     if pick_backend(backend) == "vllm":
         from reasoner.infer.vllm import VLLMGenerator
 
@@ -62,7 +67,7 @@ def _config_key(cfg: InferConfig) -> dict:
     """The config that defines the folder's contents (batching, engine settings and overwrite
     do not)."""
     data = dump(cfg)
-    for key in ("batch_size", "vllm", "overwrite"):
+    for key in ("batch_size", "vllm", "ray", "overwrite"):
         data.pop(key)
     return data
 
@@ -85,7 +90,7 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
     started = time.perf_counter()
     if todo:
         gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
-                             cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size)
+                             cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size, cfg.ray)
         stats["load_seconds"] = time.perf_counter() - started  # model load / engine start
         started = time.perf_counter()
         try:

@@ -147,7 +147,8 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     # nothing); other settings start them afresh.
     verdict_key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s")}
     # the judge's speed settings do not change a verdict
-    verdict_key["judge"] = {k: v for k, v in config["judge"].items() if k not in ("batch_size", "vllm")}
+    verdict_key["judge"] = {k: v for k, v in config["judge"].items()
+                            if k not in ("batch_size", "vllm", "ray")}
     if (shards.read_manifest(out / VERDICTS) or {}).get("config") != verdict_key:
         shards.reset(out / VERDICTS, "verify verdicts", verdict_key)
     samples = list(shards.iter_rows(cfg.input_dir, Sample))

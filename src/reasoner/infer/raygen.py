@@ -1,0 +1,103 @@
+"""Generation on a Ray cluster: `ray.workers` actors, each holding one engine (hf or vllm).
+
+The driver (the `reasoner infer` / `eval` / `verify` process) keeps the whole protocol of a
+generator: it hands out chunks of `ray.chunk` requests to whichever actor is free and yields
+every completion as its chunk comes back, so infer and the judge write the same shards as in
+one process, resumable the same way, and only the driver touches the output folder (no shared
+file system needed; the model must be loadable on every node: an HF id or a shared path).
+Samples do not depend on which actor drew them: every request carries its own seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from reasoner.config import ModelConfig, RayConfig, SamplingConfig, VLLMConfig
+from reasoner.errors import DependencyError
+from reasoner.infer.base import Completion, Request, in_order
+
+
+class EngineActor:
+    """One engine on one Ray actor (wrapped by `ray.remote` at run time)."""
+
+    def __init__(self, build: dict, threads: int):
+        import torch
+
+        from reasoner.infer import make_generator
+
+        torch.set_num_threads(threads)  # the CPUs Ray gave this actor, not the whole node's
+        self.gen = make_generator(**build)
+
+    def context_window(self) -> int:
+        return self.gen.context_window
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
+        return self.gen.generate(requests, sampling)
+
+    def close(self) -> None:
+        self.gen.close()
+
+
+class RayGenerator:
+    name = "ray"
+
+    def __init__(self, cfg: RayConfig, model: ModelConfig, backend: str, engine: VLLMConfig,
+                 max_model_len: int | None, seed: int, logprobs: bool, batch_size: int):
+        try:
+            import ray
+        except ImportError as exc:
+            raise DependencyError("ray.workers needs Ray: pip install 'reasoner[ray]'") from exc
+        from reasoner import device as dev
+        from reasoner.models import load_tokenizer
+
+        self.ray, self.cfg = ray, cfg
+        self.started_ray = not ray.is_initialized()
+        if self.started_ray:
+            ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False)
+        gpus = cfg.gpus_per_worker
+        if gpus is None:
+            on_gpu = ray.cluster_resources().get("GPU", 0) > 0 or dev.cuda_available()
+            gpus = engine.tensor_parallel_size if on_gpu else 0
+        build = {"model": model, "backend": backend,  # resolved on the actor, by its devices
+                 "engine": engine, "max_model_len": max_model_len, "seed": seed,
+                 "logprobs": logprobs, "batch_size": batch_size}
+        actor = ray.remote(EngineActor).options(num_cpus=cfg.cpus_per_worker, num_gpus=gpus)
+        self.actors = [actor.remote(build, max(1, int(cfg.cpus_per_worker)))
+                       for _ in range(cfg.workers)]
+        windows = ray.get([a.context_window.remote() for a in self.actors])  # engines are up
+        self.context_window = int(windows[0])
+        self.tokenizer = load_tokenizer(model.name_or_path, model.trust_remote_code)
+        self.preferred_batch = cfg.chunk * cfg.workers
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
+        return in_order(self.stream(requests, sampling), len(requests))
+
+    def stream(self, requests: list[Request], sampling: SamplingConfig
+               ) -> Iterator[tuple[int, Completion]]:
+        """Chunks to free actors; each chunk's completions yielded as soon as it returns."""
+        chunks = iter(range(0, len(requests), self.cfg.chunk))
+        pending: dict[Any, tuple[Any, int]] = {}  # result ref -> (actor, chunk start)
+
+        def submit(actor: Any) -> None:
+            start = next(chunks, None)
+            if start is not None:
+                batch = requests[start:start + self.cfg.chunk]
+                pending[actor.generate.remote(batch, sampling)] = (actor, start)
+
+        for actor in self.actors:
+            submit(actor)
+        while pending:
+            (ref,), _ = self.ray.wait(list(pending), num_returns=1)
+            actor, start = pending.pop(ref)
+            completions = self.ray.get(ref)
+            submit(actor)
+            for k, completion in enumerate(completions):
+                yield start + k, completion
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+        if self.started_ray:
+            self.ray.shutdown()
