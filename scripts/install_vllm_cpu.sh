@@ -18,6 +18,6 @@ python3 -m venv "$VENV"
 # .ci/run installs the project itself, after its main install (two editable installs of one
 # source tree at once would race on its egg-info)
 if [ -z "${SKIP_PROJECT:-}" ]; then
-    "$VENV/bin/python" -m pip install -q -e '.[plot]'
+    "$VENV/bin/python" -m pip install -q -e '.[plot,ray]'
     "$VENV/bin/python" -c "import vllm, reasoner; print('vLLM', vllm.__version__, 'ready in $VENV')"
 fi

@@ -42,6 +42,7 @@ def vllm_run(quickstart_sft, tmp_path_factory):
     out = subprocess.run(
         [python, "-m", "reasoner", "run", str(RECIPE), f"run_dir={run_dir}",
          f"samples.model.name_or_path={model}", f"samples.data.path={data}/train_problems",
+         f"samples-ray.model.name_or_path={model}", f"samples-ray.data.path={data}/train_problems",
          f"judged.judge.model.name_or_path={model}", f"eval.model.name_or_path={model}",
          f"eval.data=[{{path: {data}/test_problems}}]"],
         capture_output=True, text=True, timeout=1200, cwd=REPO)
@@ -68,13 +69,27 @@ def stage_config(name: str) -> dict:
 
 
 @pytest.mark.slow
-def test_three_vllm_stages_run_in_a_row_each_in_its_own_process(vllm_run):
+def test_four_vllm_stages_run_in_a_row_each_in_its_own_process(vllm_run):
     run_dir, _, _, log = vllm_run
-    for stage in ("samples", "judged", "eval"):
+    for stage in ("samples", "samples-ray", "judged", "eval"):
         assert f"[run] {stage}: new" in log
         assert shards.is_complete(run_dir / stage / ("samples" if stage == "eval" else ""))
-    # each stage ran in a process of its own: vLLM's log names three different main processes
+    # each stage ran in a process of its own: vLLM's log names a different main process for
+    # each of the three stages whose engine logs here (the Ray stage's engine logs in its
+    # actor, whose output Ray keeps to itself)
     assert len(set(re.findall(r"\(MainProcess pid=(\d+)\)", log))) == 3
+
+
+@pytest.mark.slow
+def test_a_vllm_engine_on_a_ray_actor_writes_the_same_samples(vllm_run):
+    """Ray path, vLLM engine: the same 160 samples as the engine in the stage's own process
+    (each request carries its seed; the actor got them in three chunks)."""
+    run_dir = vllm_run[0]
+    alone, on_ray = rows(run_dir / "samples"), rows(run_dir / "samples-ray")
+    assert alone.keys() == on_ray.keys() and len(alone) == 160
+    for key, row in alone.items():
+        assert {**on_ray[key], "logprobs": None} == {**row, "logprobs": None}, key
+        assert on_ray[key]["logprobs"] == pytest.approx(row["logprobs"], abs=1e-5)
 
 
 @pytest.mark.slow
