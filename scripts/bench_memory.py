@@ -7,6 +7,7 @@ trains for two steps on short synthetic rows. Each process records its peak RSS
 
     python scripts/bench_memory.py                 # writes runs/bench_memory/report.json
     python scripts/bench_memory.py --layers 4      # a smaller model, for a quick look
+    python scripts/bench_memory.py --untied        # untied embeddings, as Qwen2.5-32B
 
 Target (issue 15): with 2 processes each one's peak <= 0.6 x the 1-process peak, and the
 plan's prediction within +-25% of each measured peak.
@@ -26,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def build_checkpoint(folder: Path, layers: int) -> None:
+def build_checkpoint(folder: Path, layers: int, tied: bool = True) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -39,7 +40,7 @@ def build_checkpoint(folder: Path, layers: int) -> None:
     tok = models.build_tokenizer(models.default_corpus(n=300), 2000, TemplateConfig())
     config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                         max_position_embeddings=4096, tie_word_embeddings=True,
+                         max_position_embeddings=4096, tie_word_embeddings=tied,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model = Qwen2ForCausalLM(config)
     model.generation_config = models.generation_config(tok)
@@ -92,11 +93,14 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24, help="decoder layers (24 = Qwen2.5-0.5B)")
+    parser.add_argument("--untied", action="store_true",
+                        help="separate input and output embeddings (Qwen2.5-32B's layout; 630M "
+                        "parameters at 24 layers)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_memory")
     a = parser.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    model = a.out / f"qwen2-{a.layers}l"
-    build_checkpoint(model, a.layers)
+    model = a.out / f"qwen2-{a.layers}l{'-untied' if a.untied else ''}"
+    build_checkpoint(model, a.layers, tied=not a.untied)
     data = a.out / "data"
     if not data.exists():
         from reasoner.config import SynthConfig
@@ -118,7 +122,7 @@ def main() -> None:
         "plan_gib": predicted,
         "plan_error": {"1": predicted[1] / one[0] - 1, "2": predicted[2] / max(two) - 1},
     }
-    (a.out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    (a.out / f"report{'-untied' if a.untied else ''}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

@@ -73,6 +73,11 @@ class Shape:
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     @property
+    def gathered_root_params(self) -> int:
+        """The root FSDP unit: lm-head (= the tied embedding) and final norm."""
+        return self.vocab * self.hidden + self.hidden
+
+    @property
     def params(self) -> int:
         return self.layers * self.layer_params + self.root_params
 
@@ -127,10 +132,11 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
     sharded = devices > 1
     out = {
         "weights+grads+adam fp32": 16 * s.params / devices,
-        # the root (embeddings, lm-head) stays gathered through forward and backward, and its
-        # gradient is whole until reduce-scattered; layers: current + prefetched + its gradient
-        "gathered root + 3 layers": 4 * (2 * s.root_params + 3 * s.layer_params) if sharded
-        else 0.0,
+        # the root (lm-head, final norm; the input embedding too when tied) stays gathered
+        # through forward and backward, and its gradient is whole until reduce-scattered (an
+        # untied input embedding is a unit of its own); layers: current + prefetched + gradient
+        "gathered root + 3 layers": 4 * (2 * s.gathered_root_params + 3 * s.layer_params)
+        if sharded else 0.0,
         "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * s.vocab,
     }
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens

@@ -87,3 +87,27 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, objecti
         lp = [{(r["id"], r["sample_idx"]): r["logprobs"] for r in iter_rows(f)} for f in refs]
         assert lp[0].keys() == lp[1].keys()
         assert all(lp[1][k] == pytest.approx(lp[0][k], abs=1e-5) for k in lp[0])
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_with_an_untied_embedding(tmp_path, synth_dir, tiny_shape,
+                                                          verified_dir):
+    """Untied embeddings (Qwen2.5-32B's layout): the input embedding is an FSDP unit of its own
+    (gathered only around its own forward and backward), and 2 processes still give 1's weights."""
+    from reasoner import models
+    from reasoner.config import TinyConfig
+
+    untied = models.build_tiny(TinyConfig(
+        output_dir=tmp_path / "untied", corpus=[synth_dir / "sft"],
+        model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
+    weights = load_file(untied / "model.safetensors")
+    assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    common = ["run.max_steps=3", "objective={name: pcl}"]
+    one = reasoner(*args(untied, verified_dir, tmp_path / "one", *common))
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29615",
+         "-m", "reasoner", *args(untied, verified_dir, tmp_path / "two", *common)],
+        capture_output=True, text=True, timeout=600, env=ENV)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
