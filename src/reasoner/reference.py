@@ -1,8 +1,8 @@
 """The reference side of offline RL: the starting model's log-probs, the moving reference,
 ProRL's resets and the held-out margin that can trigger them.
 
-Reference log-probs come from the starting model, computed once into `ref_logprobs/` and read
-back on reruns. A second model stays resident only when the reference moves: ProRL's hard
+Reference log-probs come from the starting model, computed once into `ref_logprobs/` (JSONL
+parts, one per process, merged into a memory-mapped Arrow file) and mapped again on reruns. A second model stays resident only when the reference moves: ProRL's hard
 resets (reference <- policy, optimiser state cleared; every N steps or when the validation
 margin stalls) or the discounted objective's moving average ref <- a*pi + (1-a)*ref.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 
 from reasoner import device as dev
 from reasoner import shards
-from reasoner.data import packing
+from reasoner.data import packing, token_cache
 from reasoner.errors import TrainingError
 from reasoner.rollouts import Rollouts
 
@@ -47,33 +48,73 @@ def response_logprobs(policy: nn.Module, data: Rollouts, samples: list[int], pad
     return out
 
 
+class Reordered(Sequence):
+    """`column` read in another order: item i is column[rows[i]] (a view, no copy)."""
+
+    def __init__(self, column: Sequence[list[float]], rows: list[int]):
+        self.column, self.rows = column, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.column[self.rows[i]]
+
+
+def _arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("sample_idx", pa.int32()),
+                      ("logprobs", pa.list_(pa.float32()))])
+
+
+def _mapped(path: Path, keys: list[tuple[str, int]]) -> Reordered | None:
+    """The Arrow file's log-probs in the order of `keys`, or None if it lacks one of them."""
+    if not path.exists():
+        return None
+    table = token_cache.open_table(path)
+    row_of = {k: r for r, k in enumerate(zip(table.column("id").to_pylist(),
+                                             table.column("sample_idx").to_pylist(), strict=True))}
+    if not all(k in row_of for k in keys):
+        return None
+    return Reordered(token_cache.ListColumn(table, "logprobs"), [row_of[k] for k in keys])
+
+
 def starting_logprobs(folder: Path, source: str, policy: nn.Module, data: Rollouts, pad_id: int,
                       device: torch.device, dtype: torch.dtype,
-                      dist: dev.DistInfo | None = None) -> list[list[float]]:
+                      dist: dev.DistInfo | None = None) -> Sequence[list[float]]:
     """The starting model's log-probs of every response token, cached in `folder`.
 
     With several processes each scores every world_size-th sample and writes its own part of
-    the folder (rank 0 owns the manifest); then every process reads the whole set."""
+    the folder (rank 0 owns the manifest). Rank 0 then streams the parts into one Arrow file,
+    `logprobs.arrow`, that every process memory-maps: no process holds them as Python lists
+    (at 30K samples of 30K tokens they would be ~10^9 objects)."""
     dist = dist or dev.DistInfo()
+    arrow = folder / "logprobs.arrow"
     if shards.is_complete(folder):
-        cached = {(r["id"], r["sample_idx"]): r["logprobs"] for r in shards.iter_rows(folder)}
-        if all(k in cached for k in data.keys):
-            return [cached[k] for k in data.keys]
+        cached = _mapped(arrow, data.keys)
+        if cached is not None:
+            return cached
     mine = list(range(dist.rank, len(data.ids), dist.world_size))
     passes = int(dev.all_reduce([-(-len(mine) // BATCH)], dist, device, "max")[0])
     out = response_logprobs(policy, data, mine, pad_id, device, dtype, passes)
     if dist.is_main:
         shards.reset(folder, "train-offline reference log-probs", {"input": source})
+        arrow.unlink(missing_ok=True)
     dev.barrier(dist)
     shards.write_rows(folder, ({"id": data.keys[i][0], "sample_idx": data.keys[i][1],
                                 "logprobs": lp} for i, lp in zip(mine, out, strict=True)),
                       part=dist.rank)
+    del out
     dev.barrier(dist)
     if dist.is_main:
+        token_cache.write_rows(arrow, _arrow_schema(), shards.iter_rows(folder))
         shards.finish(folder, {"samples": len(data.ids)})
     dev.barrier(dist)
-    cached = {(r["id"], r["sample_idx"]): r["logprobs"] for r in shards.iter_rows(folder)}
-    return [cached[k] for k in data.keys]
+    cached = _mapped(arrow, data.keys)
+    if cached is None:
+        raise TrainingError(f"{folder}: reference log-probs are missing samples after scoring")
+    return cached
 
 
 def split_validation(data: Rollouts, obj, seed: int) -> tuple[list[int], list[int]]:

@@ -12,6 +12,7 @@ lives in reference.py; OREAL's token reward model in token_rm.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,7 +154,8 @@ def _collate(data: Rollouts, rows: list[list[int]], cfg: OfflineConfig, pad: int
     return packing.collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad)
 
 
-def _flat(values: list[list[float]] | None, index: list[int], device: torch.device) -> Tensor | None:
+def _flat(values: Sequence[list[float]] | None, index: list[int], device: torch.device
+          ) -> Tensor | None:
     if values is None:
         return None
     return torch.tensor([x for i in index for x in values[i]], dtype=torch.float32, device=device)
@@ -168,7 +170,7 @@ class Ctx:
     signal: Tensor  # (M,)
     scope: list[list[float]] | None
     old_lp: list[list[float]] | None
-    ref_lp: list[list[float]] | None
+    ref_lp: Sequence[list[float]] | None
     pad: int
     device: torch.device
     dtype: torch.dtype

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from reasoner.logprobs import PolicyLogprobs
@@ -51,3 +52,40 @@ def test_reset_copies_the_policy_and_clears_the_optimiser(tiny_model_dir):
     assert not opt.state
     for (name, a), b in zip(ref.named_parameters(), policy.parameters(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_reference_logprobs_are_memory_mapped_and_reused(tmp_path):
+    """Scored once into JSONL parts and one Arrow file that is memory-mapped (not Python lists
+    of every token); a rerun maps it without scoring; a rollout set with a new sample rescored."""
+    from torch import nn
+
+    from reasoner.reference import Reordered, starting_logprobs
+    from reasoner.rollouts import Rollouts
+
+    class Scorer(nn.Module):
+        calls = 0
+
+        def forward(self, input_ids, position_ids, attention_mask, labels):
+            Scorer.calls += 1
+            return -labels[labels >= 0].float() / 1000  # (N,) one value per scored token
+
+    def rollouts(keys, ids, prompt_lens):
+        m = len(keys)
+        return Rollouts(keys=keys, ids=ids, prompt_lens=prompt_lens, rewards=torch.ones(m),
+                        groups=torch.zeros(m, dtype=torch.long), group_acc=torch.ones(m),
+                        reasoning=torch.ones(m), has_answer=torch.ones(m, dtype=torch.bool),
+                        old_logp=None, dropped=0)
+
+    data = rollouts([("b", 0), ("a", 1), ("a", 0)], [[1, 2, 3, 4], [1, 2, 5], [7, 8, 9, 10, 11]],
+                    [2, 2, 3])
+    folder, cpu = tmp_path / "ref_logprobs", torch.device("cpu")
+    got = starting_logprobs(folder, "src", Scorer(), data, 0, cpu, torch.float32)
+    assert isinstance(got, Reordered) and (folder / "logprobs.arrow").exists()
+    expect = [[-0.003, -0.004], [-0.005], [-0.010, -0.011]]
+    assert [list(got[i]) for i in range(3)] == [pytest.approx(e) for e in expect]
+    calls = Scorer.calls
+    again = starting_logprobs(folder, "src", Scorer(), data, 0, cpu, torch.float32)
+    assert Scorer.calls == calls and [list(again[i]) for i in range(3)] == [list(got[i]) for i in range(3)]
+    more = rollouts(data.keys + [("c", 0)], [*data.ids, [1, 6, 6]], [2, 2, 3, 1])
+    third = starting_logprobs(folder, "src", Scorer(), more, 0, cpu, torch.float32)
+    assert Scorer.calls > calls and list(third[3]) == pytest.approx([-0.006, -0.006])
