@@ -107,6 +107,7 @@ class VLLMGenerator:
         self.tokenizer = self.llm.get_tokenizer()
         self.context_window = int(self.llm.llm_engine.model_config.max_model_len)
         self.preferred_batch = engine.max_pending
+        self.calls = 0  # stream calls so far: request ids are "call:index"
         # vLLM stops on the generation config's eos; the chat template's end of turn is added
         # (a Qwen2.5 base checkpoint's config knows only <|endoftext|>)
         self.stop_ids = stop_token_ids(self.tokenizer)
@@ -117,29 +118,35 @@ class VLLMGenerator:
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:
         """Keeps up to `preferred_batch` requests in the engine, topping it up as each
-        finishes; yields every request as it finishes."""
+        finishes; yields every request as it finishes. Request ids carry this call's number,
+        and a call left early (an exception, a closed generator) aborts what it left behind."""
         engine = self.llm.llm_engine
+        self.calls += 1
+        tag = f"{self.calls}:"
         pending = iter(enumerate(requests))
-        in_engine = 0
+        in_engine: set[str] = set()
 
-        def top_up() -> int:
-            added = 0
+        def top_up() -> None:
             for i, r in pending:
-                engine.add_request(str(i), {"prompt_token_ids": list(r.prompt_ids)},
+                rid = f"{tag}{i}"
+                engine.add_request(rid, {"prompt_token_ids": list(r.prompt_ids)},
                                    sampling_params(sampling, r, self.stop_ids))
-                added += 1
-                if in_engine + added >= self.preferred_batch:
+                in_engine.add(rid)
+                if len(in_engine) >= self.preferred_batch:
                     break
-            return added
 
-        in_engine += top_up()
-        while in_engine:
-            for out in engine.step():
-                if not out.finished:
-                    continue
-                in_engine -= 1
-                yield int(out.request_id), self._completion(out.outputs[0], sampling)
-            in_engine += top_up()
+        try:
+            top_up()
+            while in_engine:
+                for out in engine.step():
+                    if not out.finished or out.request_id not in in_engine:
+                        continue
+                    in_engine.discard(out.request_id)
+                    yield int(out.request_id[len(tag):]), self._completion(out.outputs[0], sampling)
+                top_up()
+        finally:
+            if in_engine:
+                engine.abort_request(sorted(in_engine))
 
     def _completion(self, c: Any, sampling: SamplingConfig) -> Completion:
         ids = list(c.token_ids)

@@ -239,3 +239,47 @@ def test_vllm_engine_settings_on_a_cpu_and_a_gpu():
 def test_temperature_above_vllms_limit_is_refused_at_load():
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=2.5)
+
+
+def test_vllm_stream_tops_up_the_engine_and_aborts_what_an_early_exit_leaves(monkeypatch):
+    """The step loop with a stand-in engine: at most max_pending requests in the engine, results
+    as they finish, ids tagged per call, and a stream closed early aborts its leftovers (so a
+    later call, e.g. a judge retry, never receives them)."""
+    from types import SimpleNamespace
+
+    import reasoner.infer.vllm as V
+
+    class Engine:
+        def __init__(self):
+            self.queue, self.aborted, self.most = [], [], 0
+
+        def add_request(self, rid, prompt, params):
+            self.queue.append(rid)
+            self.most = max(self.most, len(self.queue))
+
+        def step(self):  # the newest request finishes first
+            rid = self.queue.pop()
+            out = SimpleNamespace(token_ids=[int(rid.split(":")[1])], logprobs=None,
+                                  finish_reason="stop")
+            return [SimpleNamespace(request_id=rid, finished=True, outputs=[out])]
+
+        def abort_request(self, ids):
+            self.aborted += ids
+            self.queue = [r for r in self.queue if r not in ids]
+
+    gen = object.__new__(V.VLLMGenerator)
+    engine = Engine()
+    gen.llm = SimpleNamespace(llm_engine=engine)
+    gen.tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: f"t{ids[0]}")
+    gen.preferred_batch, gen.calls, gen.stop_ids = 3, 0, []
+    monkeypatch.setattr(V, "sampling_params", lambda sampling, r, stop_ids: None)
+    sampling = SamplingConfig(temperature=0.6)
+    requests = [Request("p", k, [1], k, 4) for k in range(5)]
+    got = list(gen.stream(requests, sampling))
+    assert [i for i, _ in got] == [2, 3, 4, 1, 0] and engine.most == 3
+    assert [c.text for _, c in got] == ["t2", "t3", "t4", "t1", "t0"]
+    early = gen.stream(requests, sampling)
+    assert next(early)[0] == 2
+    early.close()
+    assert sorted(engine.aborted) == ["2:0", "2:1"] and engine.queue == []
+    assert [c.text for c in gen.generate(requests[:2], sampling)] == ["t0", "t1"]
