@@ -71,6 +71,13 @@ def in_order(stream: Iterator[tuple[int, Completion]], n: int) -> list[Completio
     return out  # type: ignore[return-value]
 
 
+class Streaming:
+    """A backend's `generate`, once: all of its `stream`, in request order."""
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
+        return in_order(self.stream(requests, sampling), len(requests))  # type: ignore[attr-defined]
+
+
 def sample_seed(run_seed: int, problem_id: str, sample_idx: int) -> int:
     """A 31-bit seed from (run seed, id, sample_idx): reruns repeat, shards never collide."""
     digest = hashlib.sha256(f"{run_seed}\x00{problem_id}\x00{sample_idx}".encode()).digest()

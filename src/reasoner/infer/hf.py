@@ -19,7 +19,7 @@ import torch
 
 from reasoner.config import ModelConfig, SamplingConfig
 from reasoner.data.template import stop_token_ids
-from reasoner.infer.base import Completion, Request, in_order, transform_logits
+from reasoner.infer.base import Completion, Request, Streaming, transform_logits
 
 
 def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
@@ -103,7 +103,7 @@ def new_cache(config):
     return cache
 
 
-class HFGenerator:
+class HFGenerator(Streaming):
     name = "hf"
 
     def __init__(self, cfg: ModelConfig, batch_size: int = 64, device: torch.device | None = None):
@@ -119,9 +119,6 @@ class HFGenerator:
         # the chat template's end of turn too: a base model's generation config knows only eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | set(
             stop_token_ids(self.tokenizer))
-
-    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
-        return in_order(self.stream(requests, sampling), len(requests))
 
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from reasoner.config import ModelConfig, RayConfig, SamplingConfig, VLLMConfig
 from reasoner.errors import DependencyError
-from reasoner.infer.base import Completion, Request, in_order
+from reasoner.infer.base import Completion, Request, Streaming
 
 
 class EngineActor:
@@ -35,11 +35,8 @@ class EngineActor:
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
         return self.gen.generate(requests, sampling)
 
-    def close(self) -> None:
-        self.gen.close()
 
-
-class RayGenerator:
+class RayGenerator(Streaming):
     name = "ray"
 
     def __init__(self, cfg: RayConfig, model: ModelConfig, backend: str, engine: VLLMConfig,
@@ -69,9 +66,6 @@ class RayGenerator:
         self.context_window = int(windows[0])
         self.tokenizer = load_tokenizer(model.name_or_path, model.trust_remote_code)
         self.preferred_batch = cfg.chunk * cfg.workers
-
-    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
-        return in_order(self.stream(requests, sampling), len(requests))
 
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:

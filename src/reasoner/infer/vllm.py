@@ -24,7 +24,7 @@ from typing import Any
 from reasoner.config import ModelConfig, SamplingConfig, VLLMConfig
 from reasoner.data.template import stop_token_ids
 from reasoner.errors import DependencyError
-from reasoner.infer.base import Completion, Request, in_order
+from reasoner.infer.base import Completion, Request, Streaming
 
 GIB = 1 << 30
 
@@ -92,7 +92,7 @@ def sampling_params(sampling: SamplingConfig, r: Request, stop_ids: list[int]) -
         logprobs=0 if sampling.logprobs else None, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
-class VLLMGenerator:
+class VLLMGenerator(Streaming):
     name = "vllm"
 
     def __init__(self, cfg: ModelConfig, engine: VLLMConfig, max_model_len: int | None,
@@ -111,9 +111,6 @@ class VLLMGenerator:
         # vLLM stops on the generation config's eos; the chat template's end of turn is added
         # (a Qwen2.5 base checkpoint's config knows only <|endoftext|>)
         self.stop_ids = stop_token_ids(self.tokenizer)
-
-    def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
-        return in_order(self.stream(requests, sampling), len(requests))
 
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:
