@@ -63,12 +63,19 @@ def load_problems(cfg: InferConfig) -> list[dict]:
     return rows
 
 
+# settings that change how fast and where samples are drawn, never which ones
+ENGINE_SETTINGS = ("batch_size", "vllm", "ray")
+
+
+def without_engine_settings(config: dict) -> dict:
+    """A dumped infer / judge config without its ENGINE_SETTINGS: what decides the results."""
+    return {k: v for k, v in config.items() if k not in ENGINE_SETTINGS}
+
+
 def _config_key(cfg: InferConfig) -> dict:
-    """The config that defines the folder's contents (batching, engine settings and overwrite
-    do not)."""
-    data = dump(cfg)
-    for key in ("batch_size", "vllm", "ray", "overwrite"):
-        data.pop(key)
+    """The config that defines the folder's contents (engine settings and overwrite do not)."""
+    data = without_engine_settings(dump(cfg))
+    data.pop("overwrite")
     return data
 
 

@@ -133,6 +133,8 @@ def _reasoning_counter(cfg: VerifyConfig, model: str) -> Any:
 
 
 def run(cfg: VerifyConfig, progress: bool = True) -> Path:
+    from reasoner.infer import without_engine_settings  # imports torch: not at module import
+
     started = time.perf_counter()
     out = Path(cfg.output_dir)
     if not shards.is_complete(cfg.input_dir):
@@ -146,9 +148,7 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     # Verdicts are reused across runs whose verdict settings agree (a filter change re-judges
     # nothing); other settings start them afresh.
     verdict_key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s")}
-    # the judge's speed settings do not change a verdict
-    verdict_key["judge"] = {k: v for k, v in config["judge"].items()
-                            if k not in ("batch_size", "vllm", "ray")}
+    verdict_key["judge"] = without_engine_settings(config["judge"])  # speed never changes a verdict
     if (shards.read_manifest(out / VERDICTS) or {}).get("config") != verdict_key:
         shards.reset(out / VERDICTS, "verify verdicts", verdict_key)
     samples = list(shards.iter_rows(cfg.input_dir, Sample))
