@@ -8,8 +8,8 @@ Qwen2 built from scratch (random weights, so every sample runs to max_tokens: de
 give a trained model (the quickstart's `runs/quickstart/sft/final`) to see ragged stops, where
 our backend drops stopped rows and `generate` keeps computing them. With `--vllm` (run it with
 a Python that has vLLM: on a CPU `.venv-vllm/bin/python`, from scripts/install_vllm_cpu.sh),
-the vllm backend runs the same requests too, its engine start reported apart. Prints a markdown table; ratios are what carry
-over between machines.
+the vllm backend runs the same requests too, its engine start reported apart. Prints markdown
+tables; ratios are what carry over between machines.
 """
 
 from __future__ import annotations

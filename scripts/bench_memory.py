@@ -99,7 +99,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_memory")
     a = parser.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    model = a.out / f"qwen2-{a.layers}l{'-untied' if a.untied else ''}"
+    suffix = "-untied" if a.untied else ""
+    model = a.out / f"qwen2-{a.layers}l{suffix}"
     build_checkpoint(model, a.layers, tied=not a.untied)
     data = a.out / "data"
     if not data.exists():
@@ -122,7 +123,7 @@ def main() -> None:
         "plan_gib": predicted,
         "plan_error": {"1": predicted[1] / one[0] - 1, "2": predicted[2] / max(two) - 1},
     }
-    (a.out / f"report{'-untied' if a.untied else ''}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (a.out / f"report{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

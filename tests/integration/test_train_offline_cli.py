@@ -28,6 +28,18 @@ def reasoner(*a):
                           timeout=600, env=ENV)
 
 
+def run_one_and_two(model, verified, tmp_path: Path, overrides: list[str], port: int) -> None:
+    """train-offline into tmp_path/one (1 process) and tmp_path/two (2 processes, gloo)."""
+    one = reasoner(*args(model, verified, tmp_path / "one", *overrides))
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         f"--master_port={port}", "-m", "reasoner", *args(model, verified, tmp_path / "two",
+                                                           *overrides)],
+        capture_output=True, text=True, timeout=600, env=ENV)
+    assert two.returncode == 0, two.stderr[-3000:]
+
+
 def same(a: Path, b: Path, atol: float) -> bool:
     x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     return x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=atol, rtol=0) for k in x)
@@ -74,13 +86,7 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, objecti
     the weights and the reference log-probs equal those of one process."""
     objective, *extra = objective.split(" optim.")
     common = ["run.max_steps=3", f"objective={objective}", *(f"optim.{e}" for e in extra)]
-    one = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "one", *common))
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29614",
-         "-m", "reasoner", *args(tiny_model_dir, verified_dir, tmp_path / "two", *common)],
-        capture_output=True, text=True, timeout=600, env=ENV)
-    assert two.returncode == 0, two.stderr[-3000:]
+    run_one_and_two(tiny_model_dir, verified_dir, tmp_path, common, port=29614)
     assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
     refs = [tmp_path / n / "ref_logprobs" for n in ("one", "two")]
     if refs[0].exists():
@@ -105,12 +111,6 @@ def test_two_processes_match_one_with_an_untied_embedding(tmp_path, synth_dir, t
         model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
     weights = load_file(untied / "model.safetensors")
     assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
-    common = ["run.max_steps=3", "objective={name: pcl}"]
-    one = reasoner(*args(untied, verified_dir, tmp_path / "one", *common))
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29615",
-         "-m", "reasoner", *args(untied, verified_dir, tmp_path / "two", *common)],
-        capture_output=True, text=True, timeout=600, env=ENV)
-    assert two.returncode == 0, two.stderr[-3000:]
+    run_one_and_two(untied, verified_dir, tmp_path, ["run.max_steps=3", "objective={name: pcl}"],
+                    port=29615)
     assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
