@@ -3,8 +3,9 @@ ProRL's resets and the held-out margin that can trigger them.
 
 Reference log-probs come from the starting model, computed once into `ref_logprobs/` (JSONL
 parts, one per process, merged into a memory-mapped Arrow file) and mapped again on reruns. A
-second model stays resident only when the reference moves: ProRL's hard resets (reference <- policy, optimiser state cleared; every N steps or when the validation
-margin stalls) or the discounted objective's moving average ref <- a*pi + (1-a)*ref.
+second model stays resident only when the reference moves: ProRL's hard resets (reference <-
+policy, optimiser state cleared; every N steps or when the validation margin stalls) or the
+discounted objective's moving average ref <- a*pi + (1-a)*ref.
 """
 
 from __future__ import annotations
