@@ -195,8 +195,11 @@ class SynthConfig(Strict):
         description="share of SFT demonstrations with one arithmetic slip (and the answer it leads to)",
     )
     verbose_fraction: float = Field(
-        0.0, ge=0.0, le=1.0, description="share of SFT demonstrations that re-check every step "
-        "(each equation written twice, 'check: ...'): same answers, about twice the tokens")
+        0.0, ge=0.0, le=1.0, description="share of SFT demonstrations with a redundant line after "
+        "every step (verbose_style): same answers, more tokens")
+    verbose_style: Literal["detour", "recheck"] = Field(
+        "detour", description="detour: a content-free aside ('hmm, that seems fine.'); recheck: "
+        "the step written again as 'check: ...' (which the tiny model uses as a second try)")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags and wording")
     overwrite: bool = Field(False, description="replace an existing output folder")
 
@@ -401,6 +404,9 @@ class OfflineConfig(Strict):
     objective: ObjectiveConfig = Field(
         default_factory=PCLObjective, description="objective, chosen by `name`; each has its own keys"
     )
+    reference: str | None = Field(
+        None, description="the KL term's reference model (HF id or folder); default the starting "
+        "model. Set it to round 1's start to anchor every round to it (ProRL without resets)")
     max_tokens: int = Field(51200, ge=2, description="drop samples longer than this (recipe: 51,200)")
     packing: bool = Field(True, description="pack samples into seq_len rows; false = padded")
     seq_len: int = Field(51200, ge=2, description="tokens per packed row (>= max_tokens)")
@@ -411,6 +417,21 @@ class OfflineConfig(Strict):
     )
 
     _fits = model_validator(mode="after")(_fits_packed_rows)
+
+    @model_validator(mode="after")
+    def _reference_is_used(self) -> OfflineConfig:
+        obj = self.objective
+        if self.reference is None:
+            return self
+        if getattr(obj, "kl_coef", 0.0) <= 0 and obj.name != "oreal":
+            raise ValueError(f"reference is only used by a KL term: objective {obj.name} has "
+                             "none here (set objective.kl_coef > 0, or drop reference)")
+        moving = [k for k in ("ref_update_every", "reset_every", "reset_patience")
+                  if getattr(obj, k, None)]
+        if moving:
+            raise ValueError(f"reference and objective.{moving[0]} disagree: a moving or reset "
+                             "reference starts from the policy; drop one of them")
+        return self
 
     @field_validator("objective", mode="before")
     @classmethod

@@ -57,6 +57,10 @@ class OREALObjective(_ObjectiveBase):
         "rm", description="token weights from a token reward model, or all 1"
     )
     rm_lr: float = Field(1e-5, gt=0, description="token reward model learning rate")
+    rm_warmup_steps: int = Field(
+        0, ge=0, description="steps that train only the token reward model before the policy "
+        "starts (OREAL's actor_freeze_steps, 10 in its configs): a fresh RM gives p = 0.5, so "
+        "weights clip(2p - 1) = 0 and the policy would learn nothing until it has learned")
 
 
 class _ClippedObjective(_ObjectiveBase):

@@ -196,21 +196,69 @@ def micro_loss(ctx: Ctx, policy: nn.Module, rows: list[list[int]], norm: Norm, s
             m.ref_logp = ctx.ref_model(b.input_ids, b.position_ids, b.attention_mask,
                                        b.labels).float()  # (N,)
     if ctx.rm is not None:
-        with dev.autocast(device, ctx.dtype):
-            scores = ctx.rm(b)  # (N,)
-        seq = losses.segment_mean(scores, sample_index, len(index))  # (b,)
-        bce = nn.functional.binary_cross_entropy_with_logits(seq, (m.rewards > 0).float(),
-                                                             reduction="sum")
-        # the RM has its own optimiser and no loss scaler: only the dummy-pass zero applies
-        (bce / norm.samples * float(scale > 0)).backward()
+        scores, extra["rm_bce"] = rm_pass(ctx, b, sample_index, m.rewards, norm, scale)
         m.weights = token_weights(scores, sample_index, m.rewards)
-        extra["rm_bce"] = float(bce) / len(index)
     with dev.autocast(device, ctx.dtype):
         logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float()  # (N,)
     loss, metrics = OBJECTIVES[ctx.cfg.objective.name](logp, m, ctx.cfg.objective, norm)
     (loss * scale).backward()
     metrics = {k: v for k, v in {**metrics, **extra}.items() if k not in ("loss", "pos_tokens")}
     return training.MicroOut({"loss": float(loss.detach()), "tokens": b.real_tokens}, metrics, share)
+
+
+def rm_pass(ctx: Ctx, b: packing.Batch, sample_index: Tensor, rewards: Tensor, norm: Norm,
+            scale: float) -> tuple[Tensor, float]:
+    """The token RM's scores (N,) and its BCE step: sigmoid(mean token score) against
+    correctness, backward as this micro-batch's share; (scores, mean BCE)."""
+    with dev.autocast(ctx.device, ctx.dtype):
+        scores = ctx.rm(b)  # (N,)
+    seq = losses.segment_mean(scores, sample_index, len(rewards))  # (b,)
+    bce = nn.functional.binary_cross_entropy_with_logits(seq, (rewards > 0).float(),
+                                                         reduction="sum")
+    # the RM has its own optimiser and no loss scaler: only the dummy-pass zero applies
+    (bce / norm.samples * float(scale > 0)).backward()
+    return scores, float(bce.detach()) / len(rewards)
+
+
+def rm_step(ctx: Ctx, rm_opt: torch.optim.Optimizer, dist) -> None:
+    training.sum_over_processes(ctx.rm, dist)
+    rm_opt.step()
+    rm_opt.zero_grad(set_to_none=True)
+
+
+def rm_warmup(ctx: Ctx, run: training.Run, rm_opt: torch.optim.Optimizer, train_idx: list[int],
+              steps: int) -> list[float]:
+    """OREAL's frozen-actor start: `steps` global batches (the first ones of the schedule)
+    that train only the token RM; the policy, its optimiser and its schedule are untouched.
+    Returns the mean BCE per step."""
+    cfg = ctx.cfg
+    bces: list[float] = []
+    with training.progress_bar(cfg.run.progress and run.dist.is_main) as bar:
+        task = bar.add_task("token RM warm-up", total=steps, info="")
+        for step in range(steps):
+            bces.append(_rm_warmup_step(ctx, run, rm_opt, train_idx, step))
+            bar.update(task, advance=1, info=f"bce {bces[-1]:.4f}")
+    return bces
+
+
+def _rm_warmup_step(ctx: Ctx, run: training.Run, rm_opt: torch.optim.Optimizer,
+                    train_idx: list[int], step: int) -> float:
+    cfg, data = ctx.cfg, ctx.data
+    batch_idx = [train_idx[i] for i in training.global_batch_rows(
+        len(train_idx), cfg.run.global_batch, cfg.run.seed, step)]
+    norm = Norm(samples=len(batch_idx), tokens=0, pos_tokens=0)
+
+    def one(rows: list[list[int]], scale: float) -> training.MicroOut:
+        index = [i for r in rows for i in r]
+        b = _collate(data, rows, cfg, ctx.pad).to(ctx.device)
+        _, bce = rm_pass(ctx, b, b.sample_index[b.labels >= 0],
+                         data.rewards[index].to(ctx.device), norm, scale)
+        return training.MicroOut({}, {"rm_bce": bce}, len(index) / norm.samples)
+
+    mbs = micro_batches(batch_idx[run.dist.rank::run.dist.world_size], data, cfg)
+    bce = training.accumulate(run, mbs, one, dummy=[[batch_idx[0]]])["rm_bce"]
+    rm_step(ctx, rm_opt, run.dist)
+    return bce
 
 
 def prepare(cfg: OfflineConfig, env, tokenizer, data: Rollouts
@@ -224,11 +272,18 @@ def prepare(cfg: OfflineConfig, env, tokenizer, data: Rollouts
     temperature = obj.logprob_temperature
     start = training.load_policy(cfg, cfg.model.name_or_path, env, temperature)
     start[1].eval()
-    ref_lp = None
-    if need_ref or need_old:
-        ref_lp = reference.starting_logprobs(Path(cfg.output_dir) / "ref_logprobs", str(cfg.input_dir),
-                                             start[1], data, tokenizer.pad_token_id, device, dtype,
-                                             dist)
+    start_lp = None
+    if need_old or (need_ref and cfg.reference is None):
+        start_lp = reference.starting_logprobs(Path(cfg.output_dir) / "ref_logprobs",
+                                               str(cfg.input_dir), start[1], data,
+                                               tokenizer.pad_token_id, device, dtype, dist)
+    ref_lp = start_lp
+    if need_ref and cfg.reference is not None:  # a fixed anchor other than the starting model
+        anchor = training.load_policy(cfg, cfg.reference, env, temperature)[1].eval()
+        ref_lp = reference.starting_logprobs(Path(cfg.output_dir) / "anchor_logprobs",
+                                             f"{cfg.input_dir} scored by {cfg.reference}", anchor,
+                                             data, tokenizer.pad_token_id, device, dtype, dist)
+        del anchor
     moving = (getattr(obj, "ref_update_every", None) or getattr(obj, "reset_every", None)
               or getattr(obj, "reset_patience", None)) and getattr(obj, "kl_coef", 0.0) > 0
     ref_model = start[1] if moving else None
@@ -240,7 +295,7 @@ def prepare(cfg: OfflineConfig, env, tokenizer, data: Rollouts
     else:
         loaded = start
     ctx = Ctx(cfg, data, sample_signal(obj, data), token_scope(data, obj),
-              ref_lp if need_old else data.old_logp, ref_lp, tokenizer.pad_token_id, device, dtype,
+              start_lp if need_old else data.old_logp, ref_lp, tokenizer.pad_token_id, device, dtype,
               ref_model, behaviour=ctx_note)
     return ctx, loaded, ckpt
 
@@ -276,6 +331,9 @@ def run(cfg: OfflineConfig) -> Path:
         ctx.rm = token_reward_model(cfg, env, run.model)
         rm_opt = torch.optim.AdamW(ctx.rm.parameters(), lr=obj.rm_lr)
     restore_aux(run.saved, ctx.rm, rm_opt, ctx.ref_model, plateau)
+    warmup_bce: list[float] = []
+    if rm_opt is not None and run.start == 0 and obj.rm_warmup_steps:
+        warmup_bce = rm_warmup(ctx, run, rm_opt, train_idx, obj.rm_warmup_steps)
     state = lambda: aux_state(ctx.rm, rm_opt, ctx.ref_model, plateau)  # noqa: E731
     last: dict[str, float] = {}
     with training.progress(run, f"train-offline ({obj.name})"):
@@ -289,9 +347,7 @@ def run(cfg: OfflineConfig) -> Path:
                 ctx, run.policy, mb, norm, scale), dummy=[[batch_idx[0]]])
             last = {**m, **training.optimizer_step(run, m["loss"], step)}
             if rm_opt is not None:
-                training.sum_over_processes(ctx.rm, dist)
-                rm_opt.step()
-                rm_opt.zero_grad(set_to_none=True)
+                rm_step(ctx, rm_opt, dist)
             reference.move_reference(obj, step + 1, run.policy, ctx.ref_model, run.optimizer)
             if plateau is not None and (step + 1) % obj.val_every == 0:
                 margin = reference.validation_margin(run.policy, data, val_idx, ctx.pad, device, dtype)
@@ -306,6 +362,7 @@ def run(cfg: OfflineConfig) -> Path:
         "negatives": len(data.ids) - pos, "behaviour_logprobs": ctx.behaviour,
         **({"validation_samples": len(val_idx), "plateau_resets": plateau.resets}
            if plateau is not None else {}),
+        **({"rm_warmup_bce": [round(x, 4) for x in warmup_bce]} if warmup_bce else {}),
         "dropped_over_max_tokens": data.dropped, "final_loss": last.get("loss")}, state)
 
 

@@ -181,3 +181,71 @@ def test_rollouts_are_memory_mapped_once_and_match_the_shard(tmp_path, tiny_mode
     files = sorted((tmp_path / "o" / "rollouts").iterdir())
     again = T.load_rollouts(cfg, tok)
     assert sorted((tmp_path / "o" / "rollouts").iterdir()) == files and again.keys == data.keys
+
+
+def test_token_rm_warmup_gives_the_policy_its_first_signal(tmp_path, tiny_model_dir, verified_dir):
+    """A fresh token RM scores 0, p = 0.5, so OREAL's weights clip(2p - 1) are all 0 and the
+    first step leaves the policy where it was; `rm_warmup_steps` trains the RM alone first."""
+    import json
+
+    from safetensors.torch import load_file
+
+    start = load_file(tiny_model_dir / "model.safetensors")
+
+    def trained(out, warmup):
+        T.run(cfg_for(tiny_model_dir, verified_dir, out, optim={"lr": 1e-3, "weight_decay": 0.0},
+                      objective={"name": "oreal", "rm_lr": 3e-3, "rm_warmup_steps": warmup,
+                                 "beta": 0.0},  # no KL: its gradient at theta_ref is ~0, not 0
+                      run={"global_batch": 8, "max_steps": 1, "progress": False}))
+        return load_file(out / "final" / "model.safetensors"), json.loads(
+            (out / "manifest.json").read_text())["counts"]
+
+    cold, cold_counts = trained(tmp_path / "cold", 0)
+    assert all(torch.equal(cold[k], start[k]) for k in start)
+    assert "rm_warmup_bce" not in cold_counts
+    warm, counts = trained(tmp_path / "warm", 4)
+    bce = counts["rm_warmup_bce"]
+    assert len(bce) == 4 and bce[0] == pytest.approx(0.6931, abs=1e-4)  # log 2: p = 0.5
+    assert bce[-1] < bce[0]
+    assert any(not torch.equal(warm[k], start[k]) for k in start)
+    metrics = (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in metrics] == [1]  # the policy's steps: warm-up apart
+
+
+def test_reference_model_anchors_the_kl_and_nothing_else(tmp_path, tiny_model_dir, verified_dir):
+    """`reference` (ProRL without resets: every round anchored to round 1's start) scores the
+    KL's reference log-probs; the behaviour log-probs stay the starting model's."""
+    import shutil
+
+    from pydantic import ValidationError
+    from safetensors.torch import load_file, save_file
+
+    from reasoner import training
+    from reasoner.models import load_tokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    weights = load_file(other / "model.safetensors")
+    gen = torch.Generator().manual_seed(0)
+    save_file({k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in weights.items()},
+              other / "model.safetensors", metadata={"format": "pt"})
+    tok = load_tokenizer(str(tiny_model_dir))
+    obj = {"name": "prorl", "kl_coef": 0.1}
+
+    def ctx_of(model, out, **kw):
+        cfg = cfg_for(model, verified_dir, out, objective=obj, **kw)
+        data = T.load_rollouts(cfg, tok)
+        return T.prepare(cfg, training.setup(cfg), tok, data)[0], data
+
+    anchored, data = ctx_of(tiny_model_dir, tmp_path / "a", reference=str(other))
+    plain, _ = ctx_of(tiny_model_dir, tmp_path / "p")
+    of_other, _ = ctx_of(other, tmp_path / "o")
+    for i in range(len(data.ids)):
+        assert list(anchored.ref_lp[i]) == list(of_other.ref_lp[i])  # scored by `reference`
+        assert list(anchored.old_lp[i]) == list(plain.old_lp[i])  # behaviour: the start model
+    assert list(plain.ref_lp[0]) != list(of_other.ref_lp[0])
+    with pytest.raises(ValidationError, match="only used by a KL term"):
+        cfg_for(tiny_model_dir, verified_dir, tmp_path, objective={"name": "pcl"}, reference="x")
+    with pytest.raises(ValidationError, match="reference and objective.reset_every disagree"):
+        cfg_for(tiny_model_dir, verified_dir, tmp_path, reference="x",
+                objective={**obj, "reset_every": 2})
