@@ -118,10 +118,17 @@ def problem_text(p: Puzzle) -> str:
     return " ".join(lines)
 
 
+# Content-free asides of a "detour" demonstration, one after each step in turn: they cost
+# tokens and carry no arithmetic (the "re-check" style repeats the step instead, and a tiny
+# model gets more answers right when it writes that second copy).
+DETOURS = ("wait, let me make sure I read that right.", "hmm, that seems fine.", "ok, moving on.")
+
+
 def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0,
-                   verbose: bool = False) -> tuple[list[str], int]:
+                   verbose: str | None = None) -> tuple[list[str], int]:
     """One equation per line; `slip_at` adds `slip` to that step's result (a flawed
-    demonstration); `verbose` re-checks each step on a line of its own (redundant reasoning)."""
+    demonstration); `verbose` adds a line after each step: "recheck" repeats the step as
+    `check: ...`, "detour" says one of DETOURS (redundant reasoning either way)."""
     x, lines = p.start, []
     for i, op in enumerate(p.ops):
         if op.kind == "groups":
@@ -138,8 +145,12 @@ def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0,
         if i == slip_at:
             y += slip
         lines.append(f"{expr} = {y}")
-        if verbose:
+        if verbose == "recheck":
             lines.append(f"check: {expr} = {y}")
+        elif verbose == "detour":
+            lines.append(DETOURS[i % len(DETOURS)])
+        elif verbose is not None:
+            raise ValueError(f"unknown verbose style {verbose!r}")
         x = y
     return lines, x
 
@@ -224,7 +235,8 @@ def run(cfg: SynthConfig) -> dict[str, Path]:
     rows = []
     for i, p in enumerate(train):
         slip_at, slip = _slip(rng, p) if i in flawed else (None, 0)
-        lines, final = solution_lines(p, slip_at, slip, verbose=i in verbose)
+        lines, final = solution_lines(p, slip_at, slip,
+                                      verbose=cfg.verbose_style if i in verbose else None)
         rows.append(SFTExample(id=puzzle_id(p), prompt=problem_text(p),
                                response=render_response("\n".join(lines), str(final), cfg.template),
                                flawed=i in flawed))

@@ -175,4 +175,19 @@ def _finish_if_complete(out: Path, problems: list[dict], n: int, stats: dict) ->
         "mean_response_tokens": sum(lengths) / len(lengths), "max_response_tokens": max(lengths),
         "truncation_rate": sum(r["finish_reason"] == "length" for r in rows) / len(rows),
         "prompt_too_long": sum(r.get("error") == "prompt_too_long" for r in rows),
+        **token_entropy(rows),
     }, last_run={k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})
+
+
+def token_entropy(rows: list[dict]) -> dict[str, float]:
+    """{"token_entropy": mean -log p over every sampled token} when the samples carry their
+    log-probs: a Monte Carlo estimate of the sampling distribution's entropy per token (the
+    distribution after temperature, top-k and top-p), the number ProRL watches for collapse."""
+    total, count = 0.0, 0
+    for r in rows:
+        lp = r.get("logprobs")
+        if lp is None:
+            return {}
+        total -= sum(lp)
+        count += len(lp)
+    return {"token_entropy": total / count} if count else {}

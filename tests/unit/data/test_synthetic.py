@@ -101,9 +101,10 @@ def test_impossible_request_is_a_clear_error(tmp_path):
                                        levels=[0], max_start=3, max_operand=2))
 
 
-def test_verbose_demonstrations_recheck_every_step_with_the_same_answer(tmp_path):
+@pytest.mark.parametrize("style", ["recheck", "detour"])
+def test_verbose_demonstrations_add_a_line_per_step_with_the_same_answer(tmp_path, style):
     _, _, plain = synth(tmp_path / "plain")
-    _, _, mixed = synth(tmp_path / "mixed", verbose_fraction=0.5)
+    _, _, mixed = synth(tmp_path / "mixed", verbose_fraction=0.5, verbose_style=style)
     assert len(plain) == len(mixed) == 400
     verbose = 0
     for a, b in zip(plain, mixed, strict=True):
@@ -112,12 +113,14 @@ def test_verbose_demonstrations_recheck_every_step_with_the_same_answer(tmp_path
             continue
         verbose += 1
         lines = b["response"].split("\n")
-        checks = [x for x in lines if x.startswith("check: ")]
-        # one re-check per operation, each repeating the line above it; drop them and the
-        # concise demonstration (and its answer) is what is left
+        if style == "recheck":  # each repeats the line above it
+            extra = [k for k in range(len(lines)) if lines[k].startswith("check: ")]
+            assert all(lines[k].removeprefix("check: ") == lines[k - 1] for k in extra)
+        else:  # the asides in turn, no digits
+            extra = [k for k in range(len(lines)) if lines[k] in synthetic.DETOURS]
+            assert [lines[k] for k in extra] == [synthetic.DETOURS[j % 3] for j in range(len(extra))]
+        # one per operation; drop them and the concise demonstration (and its answer) is left
         operations = len(re.split(r"(?<=[.?])\s", a["prompt"])) - 2
-        assert len(checks) == operations
-        assert all(lines[k].removeprefix("check: ") == lines[k - 1]
-                   for k in range(len(lines)) if lines[k].startswith("check: "))
-        assert "\n".join(x for x in lines if not x.startswith("check: ")) == a["response"]
+        assert len(extra) == operations
+        assert "\n".join(x for k, x in enumerate(lines) if k not in extra) == a["response"]
     assert verbose == 200

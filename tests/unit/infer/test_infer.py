@@ -48,6 +48,11 @@ def test_n_samples_per_problem_with_keys_and_reproducible_seeds(tmp_path, synth_
     assert len({tuple(t) for t in first}) > 1
     manifest = shards.read_manifest(tmp_path / "a")
     assert manifest["complete"] and manifest["counts"]["samples"] == 12
+    # the entropy estimate ProRL watches: mean surprisal of the sampled tokens
+    nll = [-x for r in a for x in r["logprobs"]]
+    assert manifest["counts"]["token_entropy"] == pytest.approx(sum(nll) / len(nll), rel=1e-12)
+    assert "token_entropy" not in shards.read_manifest(infer.run(cfg_for(
+        synth_dir, tiny_model_dir, tmp_path / "d", sampling__logprobs=False), progress=False))["counts"]
 
 
 def test_behaviour_logprobs_match_teacher_forced_recomputation(tmp_path, synth_dir, tiny_model_dir):
