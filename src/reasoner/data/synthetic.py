@@ -118,17 +118,21 @@ def problem_text(p: Puzzle) -> str:
     return " ".join(lines)
 
 
-# Content-free asides of a "detour" demonstration, one after each step in turn: they cost
-# tokens and carry no arithmetic (the "re-check" style repeats the step instead, and a tiny
-# model gets more answers right when it writes that second copy).
+# Content-free asides of a "detour" demonstration, two after each step in turn: they cost
+# tokens (about 20 per step) and carry no arithmetic (the "re-check" style repeats the step
+# instead, and a tiny model gets more answers right when it writes that second copy).
 DETOURS = ("wait, let me make sure I read that right.", "hmm, that seems fine.", "ok, moving on.")
+
+
+def detour(step: int) -> str:
+    return f"{DETOURS[step % len(DETOURS)]} {DETOURS[(step + 1) % len(DETOURS)]}"
 
 
 def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0,
                    verbose: str | None = None) -> tuple[list[str], int]:
     """One equation per line; `slip_at` adds `slip` to that step's result (a flawed
     demonstration); `verbose` adds a line after each step: "recheck" repeats the step as
-    `check: ...`, "detour" says one of DETOURS (redundant reasoning either way)."""
+    `check: ...`, "detour" says two of DETOURS (redundant reasoning either way)."""
     x, lines = p.start, []
     for i, op in enumerate(p.ops):
         if op.kind == "groups":
@@ -148,7 +152,7 @@ def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0,
         if verbose == "recheck":
             lines.append(f"check: {expr} = {y}")
         elif verbose == "detour":
-            lines.append(DETOURS[i % len(DETOURS)])
+            lines.append(detour(i))
         elif verbose is not None:
             raise ValueError(f"unknown verbose style {verbose!r}")
         x = y
