@@ -1,7 +1,8 @@
 """Accuracy, mean response length and (where sampled with log-probs) entropy per round.
 
 Each series is a recipe run folder and the name of its eval stage; round 0 is `eval-sft`,
-round r the stage `<eval>` (r = 1) or `<eval>-r<r>`, as `reasoner run` names them. With a
+round r the stage `<eval>` (r = 1) or `<eval>-r<r>`, as `reasoner run` names them (or eval
+folders listed one by one, comma-separated, round 0 first). With a
 samples stage as well, its infer manifest's `token_entropy` gives the entropy of the policy
 that started each round (the policy the round's rollouts came from).
 
@@ -37,13 +38,17 @@ def stage(run: Path, name: str, r: int) -> Path:
 
 def read(spec: str) -> Series:
     label, rest = spec.split("=", 1)
-    run_s, eval_name, *samples = rest.split(":")
-    run, s = Path(run_s), Series(label)
-    evals = [run / "eval-sft"]
-    r = 1
-    while (stage(run, eval_name, r) / "report.json").exists():
-        evals.append(stage(run, eval_name, r))
-        r += 1
+    s, samples = Series(label), []
+    if ":" in rest:
+        run_s, eval_name, *samples = rest.split(":")
+        run = Path(run_s)
+        evals = [run / "eval-sft"]
+        r = 1
+        while (stage(run, eval_name, r) / "report.json").exists():
+            evals.append(stage(run, eval_name, r))
+            r += 1
+    else:  # eval folders given one by one, round 0 first
+        evals = [Path(d) for d in rest.split(",")]
     for k, folder in enumerate(evals):
         report = json.loads((folder / "report.json").read_text())
         lo, hi = report["pass@1_ci95"]
@@ -94,7 +99,7 @@ def plot(series: list[Series], title: str, out: Path) -> None:
         ax.set_xticks(sorted({r for s in series for r in s.rounds}))
         ax.grid(alpha=0.3)
     for ax in axes[1:]:
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -105,7 +110,8 @@ def plot(series: list[Series], title: str, out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", action="append", required=True,
-                    help="LABEL=RUN_DIR:EVAL_STAGE[:SAMPLES_STAGE] (repeatable)")
+                    help="LABEL=RUN_DIR:EVAL_STAGE[:SAMPLES_STAGE] or LABEL=EVAL_DIR,EVAL_DIR,... "
+                    "(repeatable)")
     ap.add_argument("--out", type=Path, required=True, help="PNG to write")
     ap.add_argument("--title", default="")
     args = ap.parse_args()
