@@ -195,11 +195,12 @@ class SynthConfig(Strict):
         description="share of SFT demonstrations with one arithmetic slip (and the answer it leads to)",
     )
     verbose_fraction: float = Field(
-        0.0, ge=0.0, le=1.0, description="share of SFT demonstrations with a redundant line after "
-        "every step (verbose_style): same answers, more tokens")
+        0.0, ge=0.0, le=1.0, description="share of SFT demonstrations made longer for the same "
+        "answer (verbose_style)")
     verbose_style: Literal["detour", "recheck"] = Field(
-        "detour", description="detour: a content-free aside ('hmm, that seems fine.'); recheck: "
-        "the step written again as 'check: ...' (which the tiny model uses as a second try)")
+        "detour", description="detour: content-free asides after the last step ('hmm, that "
+        "seems fine.'), two per step; recheck: each step written again as 'check: ...' (which "
+        "the tiny model uses as a second try)")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags and wording")
     overwrite: bool = Field(False, description="replace an existing output folder")
 

@@ -118,9 +118,12 @@ def problem_text(p: Puzzle) -> str:
     return " ".join(lines)
 
 
-# Content-free asides of a "detour" demonstration, two after each step in turn: they cost
-# tokens (about 20 per step) and carry no arithmetic (the "re-check" style repeats the step
-# instead, and a tiny model gets more answers right when it writes that second copy).
+# Content-free asides of a "detour" demonstration: a line of two per step, all after the last
+# step (about 20 tokens per step). Placed between the steps they would not be free: a tiny
+# model uses the extra positions to compute (measured: asides between steps made the verbose
+# answers 71% right against 57.5% for the concise ones). After the last step nothing is left
+# to compute, only the answer to copy. The "re-check" style repeats each step instead, which
+# is a second try at it.
 DETOURS = ("wait, let me make sure I read that right.", "hmm, that seems fine.", "ok, moving on.")
 
 
@@ -132,7 +135,8 @@ def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0,
                    verbose: str | None = None) -> tuple[list[str], int]:
     """One equation per line; `slip_at` adds `slip` to that step's result (a flawed
     demonstration); `verbose` adds a line after each step: "recheck" repeats the step as
-    `check: ...`, "detour" says two of DETOURS (redundant reasoning either way)."""
+    `check: ...`, "detour" ends with a line of two DETOURS per step (redundant reasoning
+    either way)."""
     x, lines = p.start, []
     for i, op in enumerate(p.ops):
         if op.kind == "groups":
@@ -151,11 +155,11 @@ def solution_lines(p: Puzzle, slip_at: int | None = None, slip: int = 0,
         lines.append(f"{expr} = {y}")
         if verbose == "recheck":
             lines.append(f"check: {expr} = {y}")
-        elif verbose == "detour":
-            lines.append(detour(i))
-        elif verbose is not None:
+        elif verbose not in (None, "detour"):
             raise ValueError(f"unknown verbose style {verbose!r}")
         x = y
+    if verbose == "detour":
+        lines += [detour(i) for i in range(len(p.ops))]
     return lines, x
 
 

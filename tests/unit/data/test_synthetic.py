@@ -116,10 +116,12 @@ def test_verbose_demonstrations_add_a_line_per_step_with_the_same_answer(tmp_pat
         if style == "recheck":  # each repeats the line above it
             extra = [k for k in range(len(lines)) if lines[k].startswith("check: ")]
             assert all(lines[k].removeprefix("check: ") == lines[k - 1] for k in extra)
-        else:  # two asides a step, in turn, no digits
+        else:  # after the last step: a line of two asides per step, in turn, no digits
             extra = [k for k in range(len(lines)) if lines[k].startswith(synthetic.DETOURS)]
             assert [lines[k] for k in extra] == [
                 f"{synthetic.DETOURS[j % 3]} {synthetic.DETOURS[(j + 1) % 3]}" for j in range(len(extra))]
+            assert extra == list(range(extra[0], extra[0] + len(extra)))
+            assert lines[extra[-1] + 1].startswith("</think>")
         # one per operation; drop them and the concise demonstration (and its answer) is left
         operations = len(re.split(r"(?<=[.?])\s", a["prompt"])) - 2
         assert len(extra) == operations
