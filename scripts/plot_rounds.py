@@ -3,8 +3,8 @@
 Each series is a recipe run folder and the name of its eval stage; round 0 is `eval-sft`,
 round r the stage `<eval>` (r = 1) or `<eval>-r<r>`, as `reasoner run` names them (or eval
 folders listed one by one, comma-separated, round 0 first). With a
-samples stage as well, its infer manifest's `token_entropy` gives the entropy of the policy
-that started each round (the policy the round's rollouts came from).
+samples stage as well, its infer manifest's `token_entropy` gives the entropy per token of the
+model after each round, measured on the samples the next round draws from it (round 0: SFT).
 
     python scripts/plot_rounds.py --out docs/img/prorl.png --title "ProRL" \
         --run "resets=runs/quickstart:eval-prorl:samples-prorl" \
@@ -29,7 +29,7 @@ class Series:
     lo: list[float] = field(default_factory=list)
     hi: list[float] = field(default_factory=list)
     tokens: list[float] = field(default_factory=list)
-    entropy: dict[int, float] = field(default_factory=dict)  # round -> entropy of its start policy
+    entropy: dict[int, float] = field(default_factory=dict)  # round -> its model's entropy
 
 
 def stage(run: Path, name: str, r: int) -> Path:
@@ -92,7 +92,7 @@ def plot(series: list[Series], title: str, out: Path) -> None:
         if panels == 3 and s.entropy:
             rounds = sorted(s.entropy)
             axes[2].plot(rounds, [s.entropy[r] for r in rounds], marker="o", label=s.label)
-    names = ["pass@1 % (95% CI)", "mean response tokens", "entropy of the round's start policy"]
+    names = ["pass@1 % (95% CI)", "mean response tokens", "entropy per token of that model"]
     for ax, name in zip(axes, names, strict=False):
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("round (0 = SFT)")
