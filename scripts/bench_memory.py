@@ -56,10 +56,64 @@ def sft_args(model: Path, data: Path, out: Path) -> list[str]:
             "run.keep_last=1"]
 
 
-def worker(args: list[str], report: Path) -> None:
-    """Inside each process: run sft, then write this rank's peak RSS."""
+class PhaseTrace:
+    """RSS sampled every few milliseconds, each sample labelled with the phase of the run it
+    fell in (load, forward, backward, optimizer, save...): where the peak happens."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.phase, self.peaks = "start", {}
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        with open("/proc/self/statm") as f:
+            while not self._stop.wait(0.002):
+                f.seek(0)
+                rss = int(f.read().split()[1]) * self._page / 2**30
+                self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), rss)
+
+    def wrap(self, owner: object, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def traced(*a, **k):
+            outer, self.phase = self.phase, label
+            try:
+                return inner(*a, **k)
+            finally:
+                self.phase = outer
+        setattr(owner, name, traced)
+
+    def install(self) -> None:
+        import torch
+
+        from reasoner import checkpoints, logprobs, sft, training
+
+        self.wrap(training, "load_policy", "load")
+        self.wrap(training, "start", "optimizer+state setup")
+        self.wrap(sft, "step_loss", "forward")
+        self.wrap(logprobs, "token_logprobs", "forward: log-probs")
+        self.wrap(torch.autograd, "backward", "backward")
+        self.wrap(training, "optimizer_step", "optimizer step")
+        self.wrap(checkpoints, "save_checkpoint", "checkpoint save")
+
+    def close(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {k: round(v, 3) for k, v in self.peaks.items()}
+
+
+def worker(args: list[str], report: Path, trace: bool = False) -> None:
+    """Inside each process: run sft, then write this rank's peak RSS (and, with --trace, the
+    peak within each phase)."""
     from reasoner.cli import app
 
+    tracer = PhaseTrace() if trace else None
+    if tracer:
+        tracer.install()
     try:
         rc = app(["sft", *args], standalone_mode=False)
         if rc:
@@ -67,12 +121,15 @@ def worker(args: list[str], report: Path) -> None:
     finally:
         rank = int(os.environ.get("RANK", "0"))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        (report.parent / f"{report.stem}-rank{rank}.json").write_text(json.dumps({"peak_gib": peak}))
+        row = {"peak_gib": peak, **({"phases": tracer.close()} if tracer else {})}
+        (report.parent / f"{report.stem}-rank{rank}.json").write_text(json.dumps(row))
 
 
-def measure(nproc: int, model: Path, data: Path, out: Path) -> list[float]:
+def measure(nproc: int, model: Path, data: Path, out: Path, extra: list[str],
+            trace: bool) -> list[dict]:
     report = out / f"rss-{nproc}"
-    cmd = [sys.executable, __file__, "--worker", str(report), "--", *sft_args(model, data, out / f"sft-{nproc}")]
+    cmd = [sys.executable, __file__, "--worker", str(report), *(["--trace"] if trace else []),
+           "--", *sft_args(model, data, out / f"sft-{nproc}"), *extra]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--master_port=29631", *cmd[1:]]
@@ -82,14 +139,13 @@ def measure(nproc: int, model: Path, data: Path, out: Path) -> list[float]:
     if done.returncode != 0:
         sys.exit(done.stderr[-3000:])
     print(f"{nproc} process(es): {time.perf_counter() - started:.0f}s", file=sys.stderr)
-    return [json.loads((out / f"rss-{nproc}-rank{r}.json").read_text())["peak_gib"]
-            for r in range(nproc)]
+    return [json.loads((out / f"rss-{nproc}-rank{r}.json").read_text()) for r in range(nproc)]
 
 
 def main() -> None:
     if "--worker" in sys.argv:
         i = sys.argv.index("--worker")
-        worker(sys.argv[sys.argv.index("--") + 1:], Path(sys.argv[i + 1]))
+        worker(sys.argv[sys.argv.index("--") + 1:], Path(sys.argv[i + 1]), "--trace" in sys.argv)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24, help="decoder layers (24 = Qwen2.5-0.5B)")
@@ -97,6 +153,11 @@ def main() -> None:
                         help="separate input and output embeddings (Qwen2.5-32B's layout; 630M "
                         "parameters at 24 layers)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_memory")
+    parser.add_argument("--trace", action="store_true",
+                        help="also record each process's peak within each phase (load, forward, "
+                        "backward, optimizer step, save)")
+    parser.add_argument("overrides", nargs="*",
+                        help="extra `key=value` settings for both sft runs (e.g. model.dtype=bf16)")
     a = parser.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     suffix = "-untied" if a.untied else ""
@@ -110,8 +171,9 @@ def main() -> None:
         synthetic.run(SynthConfig.model_validate({"output_dir": str(data), "num_train": 32,
                                                   "num_test": 4}))
     data = data / "sft"
-    one = measure(1, model, data, a.out)
-    two = measure(2, model, data, a.out)
+    runs = {n: measure(n, model, data, a.out, a.overrides, a.trace) for n in (1, 2)}
+    one = [r["peak_gib"] for r in runs[1]]
+    two = [r["peak_gib"] for r in runs[2]]
     from reasoner import plan
 
     predicted = {n: plan.host_peak_gib(model, n, seq_len=256, micro_batch=1,
@@ -122,7 +184,10 @@ def main() -> None:
         "ratio_2_vs_1": max(two) / one[0],
         "plan_gib": predicted,
         "plan_error": {"1": predicted[1] / one[0] - 1, "2": predicted[2] / max(two) - 1},
+        "overrides": a.overrides,
     }
+    if a.trace:
+        result["phases"] = {n: [r["phases"] for r in rows] for n, rows in runs.items()}
     (a.out / f"report{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
