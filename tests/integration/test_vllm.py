@@ -24,6 +24,8 @@ from reasoner.config import EvalConfig, SamplingConfig, VerifyConfig
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "configs/quickstart/recipe_vllm.yaml"
 STOP = "</answer>"
+# on the worker that trains the quickstart's SFT model (conftest.quickstart_sft)
+pytestmark = pytest.mark.xdist_group("quickstart")
 
 
 def vllm_python() -> str:
