@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -16,3 +17,11 @@ def shared_eval_rows(name: str) -> list[dict]:
     if not path.exists():
         pytest.skip(f"{path} is absent: the benchmark files live in ../shared beside the checkout")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for torchrun's --master_port: under pytest-xdist two
+    2-process tests can run at once, and a fixed port would be taken by the first."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

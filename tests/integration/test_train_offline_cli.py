@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests_helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -28,13 +29,13 @@ def reasoner(*a):
                           timeout=600, env=ENV)
 
 
-def run_one_and_two(model, verified, tmp_path: Path, overrides: list[str], port: int) -> None:
+def run_one_and_two(model, verified, tmp_path: Path, overrides: list[str]) -> None:
     """train-offline into tmp_path/one (1 process) and tmp_path/two (2 processes, gloo)."""
     one = reasoner(*args(model, verified, tmp_path / "one", *overrides))
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         f"--master_port={port}", "-m", "reasoner", *args(model, verified, tmp_path / "two",
+         f"--master_port={free_port()}", "-m", "reasoner", *args(model, verified, tmp_path / "two",
                                                            *overrides)],
         capture_output=True, text=True, timeout=600, env=ENV)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -86,7 +87,7 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, objecti
     the weights and the reference log-probs equal those of one process."""
     objective, *extra = objective.split(" optim.")
     common = ["run.max_steps=3", f"objective={objective}", *(f"optim.{e}" for e in extra)]
-    run_one_and_two(tiny_model_dir, verified_dir, tmp_path, common, port=29614)
+    run_one_and_two(tiny_model_dir, verified_dir, tmp_path, common)
     assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
     refs = [tmp_path / n / "ref_logprobs" for n in ("one", "two")]
     if refs[0].exists():
@@ -111,6 +112,5 @@ def test_two_processes_match_one_with_an_untied_embedding(tmp_path, synth_dir, t
         model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
     weights = load_file(untied / "model.safetensors")
     assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
-    run_one_and_two(untied, verified_dir, tmp_path, ["run.max_steps=3", "objective={name: pcl}"],
-                    port=29615)
+    run_one_and_two(untied, verified_dir, tmp_path, ["run.max_steps=3", "objective={name: pcl}"])
     assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
