@@ -27,6 +27,9 @@ STOP = "</answer>"
 EVAL_PROBLEMS = 300  # of the 1,000 held-out problems
 # on the worker that trains the quickstart's SFT model (conftest.quickstart_sft)
 pytestmark = pytest.mark.xdist_group("quickstart")
+# vLLM's CPU runner sets up its own OpenMP threads: it runs without the one-thread setting that
+# conftest gives the xdist workers, as it did before them
+VLLM_ENV = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
 
 
 def vllm_python() -> str:
@@ -48,7 +51,7 @@ def vllm_run(quickstart_sft, tmp_path_factory):
          f"samples-ray.model.name_or_path={model}", f"samples-ray.data.path={data}/train_problems",
          f"judged.judge.model.name_or_path={model}", f"eval.model.name_or_path={model}",
          f"eval.data=[{{path: {data}/test_problems, limit: {EVAL_PROBLEMS}}}]"],
-        capture_output=True, text=True, timeout=2400, cwd=REPO)
+        capture_output=True, text=True, timeout=2400, cwd=REPO, env=VLLM_ENV)
     assert out.returncode == 0, out.stderr[-4000:]
     return run_dir, model, data, out.stdout + out.stderr
 
