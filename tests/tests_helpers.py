@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,12 @@ def shared_eval_rows(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now, for torchrun's --master_port: under pytest-xdist two
-    2-process tests can run at once, and a fixed port would be taken by the first."""
+def reasoner_on_two_processes(*args: str) -> list[str]:
+    """The command line of `reasoner *args` on two torchrun processes (gloo on a CPU), on a free
+    port: under pytest-xdist two such tests can run at once, and a fixed port would be taken by
+    the first."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            f"--master_port={port}", "-m", "reasoner", *map(str, args)]

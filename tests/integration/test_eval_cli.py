@@ -14,6 +14,7 @@ from reasoner.verify.extract import extract_answer
 
 REPO = Path(__file__).resolve().parents[2]
 CFG = str(REPO / "configs/quickstart/eval.yaml")
+PROBLEMS = 100  # held-out problems the eval-bench report is recomputed on, 4 samples each
 
 
 def reasoner(*a):
@@ -36,7 +37,7 @@ def test_eval_bench_report_recomputed_independently(quickstart_sft, tmp_path):
     root = quickstart_sft
     out = tmp_path / "eval"
     run = reasoner("eval", "bench", CFG, f"model.name_or_path={root}/sft/final", "sampling.n=4",
-                   f"data=[{{path: {root}/data/test_problems, limit: 100}}]", "--out", str(out),
+                   f"data=[{{path: {root}/data/test_problems, limit: {PROBLEMS}}}]", "--out", str(out),
                    "--name", "synthetic")
     assert "pass@1 (avg@4)" in run.stderr and "maj@4" in run.stderr
     for name in ("report.json", "report.md", "accuracy_by_length.png", "length_hist.png",
@@ -47,11 +48,11 @@ def test_eval_bench_report_recomputed_independently(quickstart_sft, tmp_path):
     groups: dict[str, list[dict]] = {}
     for s in sorted(samples, key=lambda s: s["sample_idx"]):
         groups.setdefault(s["id"], []).append(s)
-    assert len(groups) == report["problems"] == 100 and report["k"] == 4
+    assert len(groups) == report["problems"] == PROBLEMS and report["k"] == 4
     ok = {pid: [extract_answer(s["response"]) == s["answer"] for s in g] for pid, g in groups.items()}
-    assert report["pass@1"] == pytest.approx(sum(sum(v) / 4 for v in ok.values()) / 100)
+    assert report["pass@1"] == pytest.approx(sum(sum(v) / 4 for v in ok.values()) / PROBLEMS)
     for k in ("1", "2", "4"):
-        expect = sum(brute_pass(v, int(k)) for v in ok.values()) / 100
+        expect = sum(brute_pass(v, int(k)) for v in ok.values()) / PROBLEMS
         assert report["pass@k"][k] == pytest.approx(expect)
     maj = 0
     for g in groups.values():
@@ -61,11 +62,11 @@ def test_eval_bench_report_recomputed_independently(quickstart_sft, tmp_path):
             top = max(counts.values())
             first = next(a for a in answers if a is not None and counts[a] == top)
             maj += first == g[0]["answer"]
-    assert report["maj@k"] == pytest.approx(maj / 100)
+    assert report["maj@k"] == pytest.approx(maj / PROBLEMS)
     lengths = [s["response_tokens"] for s in samples]
     assert report["mean_response_tokens"] == pytest.approx(statistics.fmean(lengths))
     assert report["median_response_tokens"] == statistics.median(lengths)
-    assert report["truncation_rate"] == sum(s["finish_reason"] == "length" for s in samples) / 400
+    assert report["truncation_rate"] == sum(s["finish_reason"] == "length" for s in samples) / (4 * PROBLEMS)
     lo, hi = report["pass@1_ci95"]
     assert lo < report["pass@1"] < hi
     assert 0.15 < report["pass@1"] < 0.7  # the SFT model solves a share, not all

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import free_port
+from tests_helpers import reasoner_on_two_processes
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -72,8 +72,8 @@ def test_two_processes_match_one(tmp_path, synth_dir, tiny_model_dir):
     one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", "run.max_steps=4"))
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         "-m", "reasoner", *args(synth_dir, tiny_model_dir, tmp_path / "two", "run.max_steps=4")],
+        reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, tmp_path / "two",
+                                        "run.max_steps=4")),
         capture_output=True, text=True, timeout=600, env=ENV)
     assert two.returncode == 0, two.stderr[-3000:]
     assert same(weights(tmp_path / "one" / "final"), weights(tmp_path / "two" / "final"), atol=1e-5)
@@ -159,8 +159,7 @@ def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth
         assert b["loss_scale"] == a["loss_scale"] * (0.5 if a["overflow_skipped"] else 1.0)
     assert not same(weights(tmp_path / "one" / "final"), start, atol=0)
     two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         "-m", "reasoner", *args(synth_dir, tiny_model_dir, tmp_path / "two", *backoff)],
+        reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, tmp_path / "two", *backoff)),
         capture_output=True, text=True, timeout=600, env=ENV)
     assert two.returncode == 0, two.stderr[-3000:]
     assert [r["loss_scale"] for r in metrics_rows(tmp_path / "two")] == [r["loss_scale"] for r in rows]
@@ -174,10 +173,8 @@ def test_two_processes_resume_from_a_sharded_checkpoint(tmp_path, synth_dir, tin
     Resuming from checkpoint-2 ends with the weights of the uninterrupted run."""
     def torchrun(out, *extra):
         done = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-             f"--master_port={free_port()}", "-m", "reasoner",
-             *args(synth_dir, tiny_model_dir, out, "run.max_steps=4", "run.save_every=2",
-                   "run.keep_last=5", *extra)],
+            reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, out, "run.max_steps=4",
+                                            "run.save_every=2", "run.keep_last=5", *extra)),
             capture_output=True, text=True, timeout=600, env=ENV)
         assert done.returncode == 0, done.stderr[-3000:]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import free_port
+from tests_helpers import reasoner_on_two_processes
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -34,9 +34,7 @@ def run_one_and_two(model, verified, tmp_path: Path, overrides: list[str]) -> No
     one = reasoner(*args(model, verified, tmp_path / "one", *overrides))
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         f"--master_port={free_port()}", "-m", "reasoner", *args(model, verified, tmp_path / "two",
-                                                           *overrides)],
+        reasoner_on_two_processes(*args(model, verified, tmp_path / "two", *overrides)),
         capture_output=True, text=True, timeout=600, env=ENV)
     assert two.returncode == 0, two.stderr[-3000:]
 
