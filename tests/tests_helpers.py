@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,3 +31,30 @@ def reasoner_on_two_processes(*args: str) -> list[str]:
         port = s.getsockname()[1]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
             f"--master_port={port}", "-m", "reasoner", *map(str, args)]
+
+
+def reasoner(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`reasoner *args` run inside this test's process (typer's CliRunner), as the command line
+    would run it: same parsing, same stage code, exit code and stderr captured. A new interpreter
+    would first import torch and transformers, which costs up to a minute on a slow 2-core CI
+    machine; the tests that need a real process (SIGKILL, torchrun, a traceback on stderr, the
+    `python -m reasoner` entry point) start one themselves. A bug raises here, with its traceback."""
+    from typer.testing import CliRunner
+
+    from reasoner.cli import app
+
+    with contextlib.chdir(cwd or Path.cwd()):
+        result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
+def reasoner_jobs_on_two_processes(jobs: list[list], folder: Path) -> list[str]:
+    """The command line that runs every `reasoner` job of `jobs` in turn on one torchrun of two
+    processes (tests/two_process_jobs.py); the job list is written into `folder`."""
+    spec = folder / "two_process_jobs.json"
+    spec.write_text(json.dumps([[str(a) for a in job] for job in jobs]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            f"--master_port={port}", str(Path(__file__).with_name("two_process_jobs.py")), str(spec)]

@@ -1,22 +1,26 @@
-"""The real CLI, in a subprocess, as a user runs it."""
+"""The CLI as a user runs it: the entry point and a crash in real processes, the rest through
+the same command line inside the test process."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests_helpers import reasoner
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def reasoner(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def entry_point(*args: str) -> subprocess.CompletedProcess:
+    """`python -m reasoner *args` in a new process."""
     return subprocess.run([sys.executable, "-m", "reasoner", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+                          text=True, timeout=300)
 
 
 def test_version_and_help_list_commands():
-    out = reasoner("--version")
+    out = entry_point("--version")
     assert out.returncode == 0 and out.stdout.strip() == "reasoner 0.1.0"
-    help_text = reasoner("--help").stdout
+    help_text = entry_point("--help").stdout
     assert "data" in help_text and "model" in help_text
     assert "synth" in reasoner("data", "--help").stdout
 

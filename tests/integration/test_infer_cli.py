@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests_helpers import reasoner
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -25,11 +26,6 @@ def keys(folder: Path) -> list:
     for part in sorted(folder.glob("part-*.jsonl")):
         out += [(r["id"], r["sample_idx"]) for r in map(json.loads, part.read_text().splitlines())]
     return out
-
-
-def reasoner(*a):
-    return subprocess.run([sys.executable, "-m", "reasoner", *a], capture_output=True, text=True,
-                          timeout=600, env=ENV)
 
 
 @pytest.mark.slow
@@ -64,13 +60,14 @@ def test_resume_after_sigkill_has_exactly_the_keys_of_a_full_run(tmp_path, synth
 
 @pytest.mark.slow
 def test_two_shards_by_two_processes_make_one_complete_folder(tmp_path, synth_dir, tiny_model_dir):
+    """Shard 1 in a second process while shard 0 runs in this one, into the same folder."""
     out = tmp_path / "sharded"
-    procs = [subprocess.Popen([sys.executable, "-m", "reasoner",
-                               *args(synth_dir, tiny_model_dir, out), "--shard", str(i),
-                               "--num-shards", "2"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, env=ENV) for i in range(2)]
-    for p in procs:
-        assert p.wait(timeout=600) == 0, p.stderr.read()
+    other = subprocess.Popen([sys.executable, "-m", "reasoner", *args(synth_dir, tiny_model_dir, out),
+                              "--shard", "1", "--num-shards", "2"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, env=ENV)
+    here = reasoner(*args(synth_dir, tiny_model_dir, out), "--shard", "0", "--num-shards", "2")
+    assert here.returncode == 0, here.stderr
+    assert other.wait(timeout=600) == 0, other.stderr.read()
     assert sorted(p.name for p in out.glob("part-*.jsonl")) == ["part-00000.jsonl", "part-00001.jsonl"]
     got = keys(out)
     assert len(got) == len(set(got)) == 72

