@@ -1,4 +1,4 @@
-"""`reasoner sft` end to end in subprocesses: resume after SIGKILL, torchrun, bad input."""
+"""`reasoner sft` end to end through the CLI: resume after SIGKILL, torchrun, bad input."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import reasoner_on_two_processes
+from tests_helpers import reasoner, reasoner_jobs_on_two_processes, reasoner_on_two_processes
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -23,11 +23,6 @@ def args(synth_dir, model_dir, out, *extra):
             f"data.path={synth_dir}/sft", f"output_dir={out}", "data.limit=64", "seq_len=600", "max_tokens=600",
             "run.global_batch=2", "run.micro_batch=1", "run.epochs=1", "run.max_steps=8",
             "run.progress=false", "optim.lr=1e-3", *extra]
-
-
-def reasoner(*a, **kw):
-    return subprocess.run([sys.executable, "-m", "reasoner", *a], capture_output=True, text=True,
-                          timeout=600, env=ENV, **kw)
 
 
 def weights(folder: Path) -> dict:
@@ -67,18 +62,34 @@ def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model
     assert all(r["loss"] != 99.0 for r in rows)
 
 
+FP16 = ["model.dtype=float16", "run.log_every=1"]
+FP16_BACKOFF = [*FP16, "optim.loss_scale=1048576", "run.max_steps=6"]
+SHARDED = ["run.max_steps=4", "run.save_every=2", "run.keep_last=5"]
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir):
+    """This module's 2-process runs, one after another in one torchrun (the processes' start
+    is most of each run's time on a slow machine): 4 steps saving sharded checkpoints, and 6
+    fp16 steps with loss scaling. Returns the folder holding `whole` and `fp16`."""
+    root = tmp_path_factory.mktemp("sft_two_process")
+    jobs = [args(synth_dir, tiny_model_dir, root / "whole", *SHARDED),
+            args(synth_dir, tiny_model_dir, root / "fp16", *FP16_BACKOFF)]
+    done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
+                          text=True, timeout=1200, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
 @pytest.mark.slow
-def test_two_processes_match_one(tmp_path, synth_dir, tiny_model_dir):
-    one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", "run.max_steps=4"))
+@pytest.mark.xdist_group("sft-two-processes")  # one worker makes the fixture's runs
+def test_two_processes_match_one(tmp_path, synth_dir, tiny_model_dir, two_process_runs):
+    one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", *SHARDED))
     assert one.returncode == 0, one.stderr
-    two = subprocess.run(
-        reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, tmp_path / "two",
-                                        "run.max_steps=4")),
-        capture_output=True, text=True, timeout=600, env=ENV)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert same(weights(tmp_path / "one" / "final"), weights(tmp_path / "two" / "final"), atol=1e-5)
+    two = two_process_runs / "whole"
+    assert same(weights(tmp_path / "one" / "final"), weights(two / "final"), atol=1e-5)
     # Adam hides a gradient off by a constant factor from the weights; the norm does not
-    norms = [[r["grad_norm"] for r in metrics_rows(tmp_path / n)] for n in ("one", "two")]
+    norms = [[r["grad_norm"] for r in metrics_rows(folder)] for folder in (tmp_path / "one", two)]
     assert norms[1] == pytest.approx(norms[0], rel=1e-4)
 
 
@@ -134,12 +145,13 @@ def metrics_rows(out: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth_dir, tiny_model_dir):
+@pytest.mark.xdist_group("sft-two-processes")
+def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth_dir, tiny_model_dir,
+                                                                  two_process_runs):
     """fp16 autocast (on CPU too): a loss scale of 2^60 overflows every gradient, so no update is
     applied and the scale halves; from 2^20 the scale backs off until steps apply. Two FSDP2
     processes (ShardedGradScaler) skip exactly the steps one process skips."""
-    fp16 = ["model.dtype=float16", "run.log_every=1"]
-    never = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "never", *fp16,
+    never = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "never", *FP16,
                            "optim.loss_scale=1.152921504606847e18", "run.max_steps=2"))
     assert never.returncode == 0, never.stderr
     rows = metrics_rows(tmp_path / "never")
@@ -149,8 +161,7 @@ def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth
     final = weights(tmp_path / "never" / "final")
     assert all(torch.equal(final[k], start[k]) for k in final if k in start)
 
-    backoff = [*fp16, "optim.loss_scale=1048576", "run.max_steps=6"]
-    one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", *backoff))
+    one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", *FP16_BACKOFF))
     assert one.returncode == 0, one.stderr
     rows = metrics_rows(tmp_path / "one")
     skipped = [r["overflow_skipped"] for r in rows]
@@ -158,39 +169,34 @@ def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth
     for a, b in zip(rows, rows[1:], strict=False):  # halves after a skip, else holds
         assert b["loss_scale"] == a["loss_scale"] * (0.5 if a["overflow_skipped"] else 1.0)
     assert not same(weights(tmp_path / "one" / "final"), start, atol=0)
-    two = subprocess.run(
-        reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, tmp_path / "two", *backoff)),
-        capture_output=True, text=True, timeout=600, env=ENV)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert [r["loss_scale"] for r in metrics_rows(tmp_path / "two")] == [r["loss_scale"] for r in rows]
-    assert same(weights(tmp_path / "one" / "final"), weights(tmp_path / "two" / "final"), atol=1e-4)
+    two = two_process_runs / "fp16"
+    assert [r["loss_scale"] for r in metrics_rows(two)] == [r["loss_scale"] for r in rows]
+    assert same(weights(tmp_path / "one" / "final"), weights(two / "final"), atol=1e-4)
 
 
 @pytest.mark.slow
-def test_two_processes_resume_from_a_sharded_checkpoint(tmp_path, synth_dir, tiny_model_dir):
+@pytest.mark.xdist_group("sft-two-processes")
+def test_two_processes_resume_from_a_sharded_checkpoint(tmp_path, synth_dir, tiny_model_dir,
+                                                        two_process_runs):
     """Two processes save checkpoints without gathering anything whole: weights streamed one
     tensor at a time into safetensors files, each process's optimiser shards under optimizer/.
     Resuming from checkpoint-2 ends with the weights of the uninterrupted run."""
-    def torchrun(out, *extra):
-        done = subprocess.run(
-            reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, out, "run.max_steps=4",
-                                            "run.save_every=2", "run.keep_last=5", *extra)),
-            capture_output=True, text=True, timeout=600, env=ENV)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    torchrun(tmp_path / "whole")
-    ckpt = tmp_path / "whole" / "checkpoint-2"
+    whole = two_process_runs / "whole"
+    ckpt = whole / "checkpoint-2"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "optimizer" / ".metadata").exists()
     assert len(list((ckpt / "optimizer").glob("*.distcp"))) == 2  # one file per process
-    assert not (tmp_path / "whole" / "final" / "optimizer").exists()
+    assert not (whole / "final" / "optimizer").exists()
     # an interrupted run: only checkpoint-2 survived
     cut = tmp_path / "cut"
-    shutil.copytree(tmp_path / "whole", cut)
+    shutil.copytree(whole, cut)
     for extra in ("checkpoint-4", "final"):
         shutil.rmtree(cut / extra)
     manifest = json.loads((cut / "manifest.json").read_text())
     (cut / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
-    torchrun(cut)
+    done = subprocess.run(
+        reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, cut, *SHARDED)),
+        capture_output=True, text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((cut / "manifest.json").read_text())
     assert manifest["complete"] and manifest["counts"]["resumed_from"] == 2
-    assert same(weights(cut / "final"), weights(tmp_path / "whole" / "final"), atol=1e-6)
+    assert same(weights(cut / "final"), weights(whole / "final"), atol=1e-6)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import reasoner_on_two_processes
+from tests_helpers import reasoner, reasoner_jobs_on_two_processes
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -22,21 +22,6 @@ def args(model, verified, out, *extra):
             f"model.name_or_path={model}", f"input_dir={verified}", f"output_dir={out}",
             "packing=true", "seq_len=256", "max_tokens=256", "run.global_batch=6", "run.max_steps=6",
             "run.progress=false", "optim.lr=1e-3", *extra]
-
-
-def reasoner(*a):
-    return subprocess.run([sys.executable, "-m", "reasoner", *a], capture_output=True, text=True,
-                          timeout=600, env=ENV)
-
-
-def run_one_and_two(model, verified, tmp_path: Path, overrides: list[str]) -> None:
-    """train-offline into tmp_path/one (1 process) and tmp_path/two (2 processes, gloo)."""
-    one = reasoner(*args(model, verified, tmp_path / "one", *overrides))
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run(
-        reasoner_on_two_processes(*args(model, verified, tmp_path / "two", *overrides)),
-        capture_output=True, text=True, timeout=600, env=ENV)
-    assert two.returncode == 0, two.stderr[-3000:]
 
 
 def same(a: Path, b: Path, atol: float) -> bool:
@@ -68,8 +53,7 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
     assert "objective" in again.stderr and "dapo" in again.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("objective", [
+OBJECTIVES = [
     "{name: pcl}",
     "{name: dapo, kl_coef: 0.01}",  # reference log-probs: each process scores its share
     "{name: prorl, kl_coef: 0.01, reset_every: 2}",  # a resident, sharded reference; resets
@@ -79,15 +63,48 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
     # float rounding, so whether 1 and 2 processes agree depends on the CPU (3e-4 apart on one
     # machine, equal on another). With eps 1e-3 the update is linear in such gradients:
     "{name: oreal} optim.eps=1e-3",
-])
-def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, objective):
+]
+
+
+def overrides(objective: str) -> list[str]:
+    objective, *extra = objective.split(" optim.")
+    return ["run.max_steps=3", f"objective={objective}", *(f"optim.{e}" for e in extra)]
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory, synth_dir, tiny_shape, tiny_model_dir, verified_dir):
+    """Every 2-process run of this module, one after another in one torchrun (the processes'
+    start is most of each run's time on a slow machine): each objective on the tied tiny model,
+    and pcl on an untied one. Returns the folder holding <case>/two and the untied model."""
+    from reasoner import models
+    from reasoner.config import TinyConfig
+
+    root = tmp_path_factory.mktemp("two_process")
+    untied = models.build_tiny(TinyConfig(
+        output_dir=root / "untied-model", corpus=[synth_dir / "sft"],
+        model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
+    jobs = [args(tiny_model_dir, verified_dir, root / str(k) / "two", *overrides(o))
+            for k, o in enumerate(OBJECTIVES)]
+    jobs.append(args(untied, verified_dir, root / "untied" / "two", *overrides("{name: pcl}")))
+    done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
+                          text=True, timeout=1200, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root, untied
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train-offline-two-processes")  # one worker makes the fixture's runs
+@pytest.mark.parametrize("case", range(len(OBJECTIVES)), ids=[o.split(",")[0].split()[-1].strip("{}")
+                                                               for o in OBJECTIVES])
+def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, two_process_runs, case):
     """Every model of a 2-process run is FSDP2-sharded as it loads (no process holds it whole);
     the weights and the reference log-probs equal those of one process."""
-    objective, *extra = objective.split(" optim.")
-    common = ["run.max_steps=3", f"objective={objective}", *(f"optim.{e}" for e in extra)]
-    run_one_and_two(tiny_model_dir, verified_dir, tmp_path, common)
-    assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
-    refs = [tmp_path / n / "ref_logprobs" for n in ("one", "two")]
+    root, _ = two_process_runs
+    one = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "one", *overrides(OBJECTIVES[case])))
+    assert one.returncode == 0, one.stderr
+    two = root / str(case) / "two"
+    assert same(tmp_path / "one" / "final", two / "final", 1e-5)
+    refs = [tmp_path / "one" / "ref_logprobs", two / "ref_logprobs"]
     if refs[0].exists():
         from reasoner.shards import iter_rows, part_files
 
@@ -98,17 +115,13 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, objecti
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_with_an_untied_embedding(tmp_path, synth_dir, tiny_shape,
-                                                          verified_dir):
+@pytest.mark.xdist_group("train-offline-two-processes")
+def test_two_processes_match_one_with_an_untied_embedding(tmp_path, verified_dir, two_process_runs):
     """Untied embeddings (Qwen2.5-32B's layout): the input embedding is an FSDP unit of its own
     (gathered only around its own forward and backward), and 2 processes still give 1's weights."""
-    from reasoner import models
-    from reasoner.config import TinyConfig
-
-    untied = models.build_tiny(TinyConfig(
-        output_dir=tmp_path / "untied", corpus=[synth_dir / "sft"],
-        model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
+    root, untied = two_process_runs
     weights = load_file(untied / "model.safetensors")
     assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
-    run_one_and_two(untied, verified_dir, tmp_path, ["run.max_steps=3", "objective={name: pcl}"])
-    assert same(tmp_path / "one" / "final", tmp_path / "two" / "final", 1e-5)
+    one = reasoner(*args(untied, verified_dir, tmp_path / "one", *overrides("{name: pcl}")))
+    assert one.returncode == 0, one.stderr
+    assert same(tmp_path / "one" / "final", root / "untied" / "two" / "final", 1e-5)
