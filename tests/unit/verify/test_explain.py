@@ -1,9 +1,7 @@
 """`reasoner explain`: the extracted answer, what each side was read as, and why."""
 
-import subprocess
-import sys
-
 import pytest
+from tests_helpers import reasoner
 
 from reasoner import shards
 from reasoner.errors import InputError
@@ -38,7 +36,6 @@ def test_explain_says_what_was_read_and_why(shard):
 
 
 def test_explain_cli(shard):
-    out = subprocess.run([sys.executable, "-m", "reasoner", "explain", str(shard), "p1",
-                          "--sample", "1"], capture_output=True, text=True, timeout=120)
+    out = reasoner("explain", shard, "p1", "--sample", "1")
     assert out.returncode == 0, out.stderr
     assert "12x" in out.stderr and "incorrect" in out.stderr
