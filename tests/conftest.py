@@ -41,11 +41,32 @@ def pytest_configure(config):
     starts, gets one torch thread: two workers then fill two cores without four busy threads
     fighting over them. (The tiny models here gain little from a second thread: measured on a
     2-core Xeon, one 2-thread SFT process made 0.98 steps/s, two 1-thread processes 1.02 each.)"""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        os.environ["OMP_NUM_THREADS"] = "1"
-        import torch
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        check_loadgroup_works(config)
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
 
-        torch.set_num_threads(1)
+    torch.set_num_threads(1)
+
+
+def check_loadgroup_works(config) -> None:
+    """Under `--dist loadgroup` pytest-xdist adds `@group` to each grouped test's id, and tests
+    sharing a group run on one worker, which builds their session fixtures (the quickstart SFT
+    model, a module's torchrun) once. pytest 9.2 keeps ids where pytest-xdist 3.8 cannot add
+    it: every xdist_group mark is silently ignored and each worker builds them again (measured:
+    the quickstart's SFT trained on both workers). Stop instead of running twice as long."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    if Version(version("pytest")) >= Version("9.2") and Version(version("pytest-xdist")) <= Version("3.8.0"):
+        raise pytest.UsageError(
+            f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')} ignores "
+            "xdist_group marks (--dist loadgroup): install the dev extra's pytest<9.2 "
+            "(pip install -e '.[dev]'), or run with -n 0")
 
 
 # The quickstart recipe at CI scale: the shipped recipe and stage configs, with less of each

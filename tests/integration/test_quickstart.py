@@ -59,7 +59,7 @@ def test_quickstart_recipe_at_ci_scale(quickstart_sft):
     for stage in ("data", "tiny-init", "sft"):
         assert f"[skip] {stage}: finished with this config" in out.stderr
     state = json.loads((root / "pipeline.json").read_text())["stages"]
-    assert list(state) == list(STAGES) and all(s["status"] == "done" for s in state.values())
+    assert set(state) == set(STAGES) and all(s["status"] == "done" for s in state.values())
     # the final table names every stage with its headline
     assert all(name in out.stderr for name in STAGES) and "pass@1" in out.stderr
 
