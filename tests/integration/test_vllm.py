@@ -29,8 +29,12 @@ EVAL_PROBLEMS = 100  # the held-out problems of the CI-scale quickstart
 # on the worker that trains the quickstart's SFT model (conftest.quickstart_sft)
 pytestmark = pytest.mark.xdist_group("quickstart")
 # vLLM's CPU runner sets up its own OpenMP threads: it runs without the one-thread setting that
-# conftest gives the xdist workers, as it did before them
-VLLM_ENV = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+# conftest gives the xdist workers, as it did before them. A model step may take longer than
+# vLLM's 300 s limit on a slow 2-core machine: in a fresh-clone CI run the first step (during
+# which PyTorch's inductor compiled C++ into an empty /tmp/torchinductor_root) killed the engine
+# (EngineDeadError); the same stage with that cache warm finished.
+VLLM_ENV = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
 
 
 def vllm_python() -> str:
@@ -52,7 +56,7 @@ def vllm_run(quickstart_sft, tmp_path_factory):
          f"samples-ray.model.name_or_path={model}", f"samples-ray.data.path={data}/train_problems",
          f"judged.judge.model.name_or_path={model}", f"eval.model.name_or_path={model}",
          f"eval.data=[{{path: {data}/test_problems, limit: {EVAL_PROBLEMS}}}]"],
-        capture_output=True, text=True, timeout=2400, cwd=REPO, env=VLLM_ENV)
+        capture_output=True, text=True, timeout=3600, cwd=REPO, env=VLLM_ENV)
     assert out.returncode == 0, out.stderr[-4000:]
     return run_dir, model, data, out.stdout + out.stderr
 
