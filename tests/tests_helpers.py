@@ -22,15 +22,20 @@ def shared_eval_rows(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def reasoner_on_two_processes(*args: str) -> list[str]:
-    """The command line of `reasoner *args` on two torchrun processes (gloo on a CPU), on a free
-    port: under pytest-xdist two such tests can run at once, and a fixed port would be taken by
-    the first."""
+def torchrun_two_processes(*target: str) -> list[str]:
+    """The command line of torchrun with two processes (gloo on a CPU) running `target` (a
+    script and its arguments, or `-m module ...`), on a free port: under pytest-xdist two such
+    tests can run at once, and a fixed port would be taken by the first."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            f"--master_port={port}", "-m", "reasoner", *map(str, args)]
+            f"--master_port={port}", *map(str, target)]
+
+
+def reasoner_on_two_processes(*args: str) -> list[str]:
+    """The command line of `reasoner *args` on two torchrun processes."""
+    return torchrun_two_processes("-m", "reasoner", *args)
 
 
 def reasoner(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -53,8 +58,4 @@ def reasoner_jobs_on_two_processes(jobs: list[list], folder: Path) -> list[str]:
     processes (tests/two_process_jobs.py); the job list is written into `folder`."""
     spec = folder / "two_process_jobs.json"
     spec.write_text(json.dumps([[str(a) for a in job] for job in jobs]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-            f"--master_port={port}", str(Path(__file__).with_name("two_process_jobs.py")), str(spec)]
+    return torchrun_two_processes(Path(__file__).with_name("two_process_jobs.py"), spec)

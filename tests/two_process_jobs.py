@@ -9,12 +9,13 @@ A job that fails ends the run with its exit code, naming it."""
 
 import json
 import sys
+from pathlib import Path
 
 from reasoner.cli import app
 
 
 def main() -> None:
-    jobs = json.loads(open(sys.argv[1]).read())
+    jobs = json.loads(Path(sys.argv[1]).read_text())
     for k, argv in enumerate(jobs):
         code = app(argv, standalone_mode=False)  # typer.Exit(n) comes back as n
         if code not in (None, 0):

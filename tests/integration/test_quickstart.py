@@ -81,13 +81,10 @@ def test_quickstart_recipe_at_ci_scale(quickstart_sft):
     # the RL step did what its objective says: the rewarded responses it trained on became more
     # likely under the RL model than under the SFT model it started from, and rose more than the
     # penalised ones (which share most of their tokens with them: neg_scope first, weight 0.05)
-    def rises(reward: float) -> list[float]:
-        chosen = [r for r in rows if r["reward"] == reward]
-        before = mean_response_logprobs(root / "sft/final", chosen)
-        after = mean_response_logprobs(root / "rl/final", chosen)
-        return [a - b for a, b in zip(after, before, strict=True)]
-
-    pos, neg = rises(1.0), rises(-1.0)
+    before = mean_response_logprobs(root / "sft/final", rows)  # each model loaded once
+    after = mean_response_logprobs(root / "rl/final", rows)
+    pos = [a - b for r, a, b in zip(rows, after, before, strict=True) if r["reward"] == 1.0]
+    neg = [a - b for r, a, b in zip(rows, after, before, strict=True) if r["reward"] == -1.0]
     mean_pos, mean_neg = sum(pos) / len(pos), sum(neg) / len(neg)
     print(f"SFT loss {losses[0]:.2f} -> {sum(losses[-10:]) / 10:.2f}; SFT pass@1 {sft['pass@1']:.3f} "
           f"{sft['ci95']}; {len(groups)} groups kept; positives' mean log-prob {mean_pos:+.4f} "
