@@ -3,8 +3,8 @@
     python scripts/bench_logprobs.py [--tokens 8192] [--vocab 151936] [--hidden 64] [--chunk 1024]
 
 Each variant runs forward + backward in its own subprocess, which reports the growth of its
-peak resident memory (ru_maxrss) over the inputs, and the wall time. Default shape: 8,192
-response tokens and Qwen2.5's 151,936-token vocabulary on CPU (the naive form needs ~15 GB).
+peak resident memory (VmHWM, `reasoner.device.peak_rss_bytes`) over the inputs, and the wall
+time. Default shape: 8,192 response tokens and Qwen2.5's 151,936-token vocabulary on CPU (the naive form needs ~15 GB).
 Target: chunked peak <= 1/8 of naive.
 """
 
@@ -16,13 +16,14 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
+from reasoner.device import peak_rss_bytes
 from reasoner.logprobs import token_logprobs
 N, V, H, chunk = map(int, sys.argv[1:5])
 torch.manual_seed(0)
 h = torch.randn(N, H, requires_grad=True); w = (torch.randn(V, H) * 0.02).requires_grad_()
 t = torch.randint(0, V, (N,))
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = peak_rss_bytes()
 start = time.perf_counter()
 if chunk:
     out = token_logprobs(h, w, t, chunk)
@@ -30,7 +31,7 @@ else:
     out = torch.log_softmax(h @ w.T, -1).gather(1, t[:, None])[:, 0]
 out.sum().backward()
 seconds = time.perf_counter() - start
-peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
+peak = peak_rss_bytes() - base
 print(json.dumps({"peak_bytes": peak, "seconds": seconds}))
 """
 

@@ -2,8 +2,9 @@
 `reasoner plan` predicts for each.
 
 A random-weight Qwen2 checkpoint in the shape of Qwen2.5-0.5B (494M parameters, fp32 on disk)
-trains for two steps on short synthetic rows. Each process records its peak RSS
-(`ru_maxrss`) from start to end: loading, sharding, the steps and the final checkpoint.
+trains for two steps on short synthetic rows. Each process records its peak RSS (VmHWM;
+`ru_maxrss` would start at torchrun's own peak) from start to end: loading, sharding, the steps
+and the final checkpoint.
 
     python scripts/bench_memory.py                 # writes runs/bench_memory/report.json
     python scripts/bench_memory.py --layers 4      # a smaller model, for a quick look
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -110,6 +110,7 @@ def worker(args: list[str], report: Path, trace: bool = False) -> None:
     """Inside each process: run sft, then write this rank's peak RSS (and, with --trace, the
     peak within each phase)."""
     from reasoner.cli import app
+    from reasoner.device import peak_rss_bytes
 
     tracer = PhaseTrace() if trace else None
     if tracer:
@@ -120,7 +121,7 @@ def worker(args: list[str], report: Path, trace: bool = False) -> None:
             sys.exit(rc)
     finally:
         rank = int(os.environ.get("RANK", "0"))
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        peak = peak_rss_bytes() / 2**30
         row = {"peak_gib": peak, **({"phases": tracer.close()} if tracer else {})}
         (report.parent / f"{report.stem}-rank{rank}.json").write_text(json.dumps(row))
 

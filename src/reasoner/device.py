@@ -137,9 +137,28 @@ def memory_stats(device: torch.device) -> dict[str, float]:
         return {"peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30}
     if device.type == "npu":
         return {"peak_mem_gib": torch.npu.max_memory_allocated(device) / 2**30}
-    import resource
+    return {"max_rss_gib": peak_rss_bytes() / 2**30}
 
-    return {"max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory, in bytes.
+
+    On Linux it is VmHWM from /proc/self/status, the peak of this process's own address space.
+    `ru_maxrss` is not: exec keeps the larger of the old and new peaks, so a process started by
+    a big one (a pytest worker, a launcher) reports its parent's peak until it exceeds it.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def flash_attention_available(device: torch.device) -> bool:
