@@ -160,7 +160,8 @@ def test_sampled_logprobs_are_the_teacher_forced_processed_logprobs(vllm_run):
             assert STOP not in tok.decode(s["token_ids"][:-1], skip_special_tokens=True)
     print(f"largest |vLLM - teacher-forced| log-prob: {worst:.2e}")
     assert worst < 1e-4
-    assert sum(STOP in s["response"] for s in samples) > 100
+    # most samples end on the stop string (96 of 96 in CI), so the checks above ran on them
+    assert sum(STOP in s["response"] for s in samples) > len(samples) // 2
 
 
 @pytest.mark.slow
