@@ -80,6 +80,18 @@ def test_the_pcl_recipe_asks_every_stage_with_the_official_prompt_and_a_drift_is
         pipeline.plan(drifted, base)
 
 
+def test_stage_overrides_drop_the_reference_stage_times():
+    """A stage override changes what the recipe's expect_seconds measured (and what the stages
+    after it get): no time-left estimate then, rather than a wrong one. Recipe keys keep it."""
+    recipe = Path(__file__).parents[2] / "configs" / "quickstart" / "recipe.yaml"
+    times = {s.name: s.expect_seconds for s in pipeline.load_recipe(recipe, []).stages}
+    assert times["sft"] and times["sft"] > 60
+    kept = pipeline.load_recipe(recipe, ["seed=1", "run_dir=elsewhere"])
+    assert {s.name: s.expect_seconds for s in kept.stages} == times
+    scaled = pipeline.load_recipe(recipe, ["sft.run.max_steps=100"])
+    assert all(s.expect_seconds is None for s in scaled.stages)
+
+
 def test_a_vllm_stage_runs_in_its_own_process(monkeypatch, tmp_path):
     """vLLM keeps device memory after `del`: each engine-building stage gets a fresh process."""
     import subprocess
