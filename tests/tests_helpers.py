@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# The environment of the real `reasoner` processes tests start: one torch thread each, as the
+# pytest-xdist workers themselves have (conftest), also when a module runs without xdist.
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 SHARED_EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eval"
 

@@ -1,7 +1,6 @@
 """`reasoner infer` in subprocesses: resume after SIGKILL, two shards into one folder."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -9,10 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tests_helpers import reasoner
+from tests_helpers import SUBPROCESS_ENV, reasoner
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def args(synth_dir, model_dir, out, *extra):
@@ -34,7 +32,8 @@ def test_resume_after_sigkill_has_exactly_the_keys_of_a_full_run(tmp_path, synth
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "reasoner", *args(synth_dir, tiny_model_dir, out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=SUBPROCESS_ENV)
     part = out / "part-00000.jsonl"
     deadline = time.time() + 300
     while not (part.exists() and len(part.read_bytes().splitlines()) >= 20):
@@ -64,7 +63,7 @@ def test_two_shards_by_two_processes_make_one_complete_folder(tmp_path, synth_di
     out = tmp_path / "sharded"
     other = subprocess.Popen([sys.executable, "-m", "reasoner", *args(synth_dir, tiny_model_dir, out),
                               "--shard", "1", "--num-shards", "2"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, env=ENV)
+                             stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
     here = reasoner(*args(synth_dir, tiny_model_dir, out), "--shard", "0", "--num-shards", "2")
     assert here.returncode == 0, here.stderr
     assert other.wait(timeout=600) == 0, other.stderr.read()

@@ -1,7 +1,6 @@
 """`reasoner sft` end to end through the CLI: resume after SIGKILL, torchrun, bad input."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -12,10 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import reasoner, reasoner_jobs_on_two_processes, reasoner_on_two_processes
+from tests_helpers import (
+    SUBPROCESS_ENV,
+    reasoner,
+    reasoner_jobs_on_two_processes,
+    reasoner_on_two_processes,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def args(synth_dir, model_dir, out, *extra):
@@ -43,7 +46,8 @@ def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model
                                                for k in range(1, 76)))
     cmd = [sys.executable, "-m", "reasoner", *args(synth_dir, tiny_model_dir, out,
                                                     "run.save_every=2", "run.keep_last=5")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=SUBPROCESS_ENV)
     deadline = time.time() + 300
     while not (out / "checkpoint-4").exists():
         assert proc.poll() is None and time.time() < deadline, "run ended before checkpoint-4"
@@ -76,7 +80,7 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir):
     jobs = [args(synth_dir, tiny_model_dir, root / "whole", *SHARDED),
             args(synth_dir, tiny_model_dir, root / "fp16", *FP16_BACKOFF)]
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
-                          text=True, timeout=1200, env=ENV)
+                          text=True, timeout=1200, env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     return root
 
@@ -195,7 +199,7 @@ def test_two_processes_resume_from_a_sharded_checkpoint(tmp_path, synth_dir, tin
     (cut / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
     done = subprocess.run(
         reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, cut, *SHARDED)),
-        capture_output=True, text=True, timeout=600, env=ENV)
+        capture_output=True, text=True, timeout=600, env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((cut / "manifest.json").read_text())
     assert manifest["complete"] and manifest["counts"]["resumed_from"] == 2

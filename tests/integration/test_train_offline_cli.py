@@ -1,7 +1,6 @@
 """`reasoner train-offline` in subprocesses: resume after SIGKILL, 1 vs 2 processes."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import reasoner, reasoner_jobs_on_two_processes
+from tests_helpers import SUBPROCESS_ENV, reasoner, reasoner_jobs_on_two_processes
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def args(model, verified, out, *extra):
@@ -37,7 +35,8 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
     cmd = [sys.executable, "-m", "reasoner", *args(tiny_model_dir, verified_dir, out,
                                                     "objective={name: dapo}", "run.save_every=2",
                                                     "run.keep_last=5")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=SUBPROCESS_ENV)
     deadline = time.time() + 300
     while not (out / "checkpoint-2").exists():
         assert proc.poll() is None and time.time() < deadline, "ended before checkpoint-2"
@@ -87,7 +86,7 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_shape, tiny_model_dir, ve
             for k, o in enumerate(OBJECTIVES)]
     jobs.append(args(untied, verified_dir, root / "untied" / "two", *overrides("{name: pcl}")))
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
-                          text=True, timeout=1200, env=ENV)
+                          text=True, timeout=1200, env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     return root, untied
 
