@@ -20,7 +20,7 @@ import random
 import shutil
 from pathlib import Path
 
-from reasoner import shards, train_offline, training
+from reasoner import schedule, shards, train_offline
 from reasoner.config import OfflineConfig, TinyConfig, TinyModelConfig
 from reasoner.data import packing
 from reasoner.models import build_tiny, load_tokenizer
@@ -87,7 +87,7 @@ def main() -> None:
     # token slots the two modes fill, over the same global batches the trainer draws
     real = padded_cells = packed_cells = 0
     for step in range(args.steps):
-        idx = training.global_batch_rows(len(lengths), args.global_batch, 0, step)
+        idx = schedule.global_batch_rows(len(lengths), args.global_batch, 0, step)
         sizes = sorted(lengths[i] for i in idx)
         real += sum(sizes)
         padded_cells += sum(max(sizes[i:i + args.padded_rows]) * len(sizes[i:i + args.padded_rows])

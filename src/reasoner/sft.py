@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reasoner import __version__, models, shards, training
+from reasoner import __version__, models, schedule, shards, training
 from reasoner import device as dev
 from reasoner.config import SFTConfig, dump
 from reasoner.data import packing, sources, token_cache
@@ -191,14 +190,14 @@ def run(cfg: SFTConfig) -> Path:
     varlen = attn == "flash_attention_2"
     ckpt = training.resume_point(cfg)
     loaded = training.load_policy(cfg, ckpt or cfg.model.name_or_path, env, attn=attn)
-    run = training.start(cfg, "sft", env, tokenizer, loaded, training.total_steps(len(rows), cfg.run),
+    run = training.start(cfg, "sft", env, tokenizer, loaded, schedule.total_steps(len(rows), cfg.run),
                          ckpt, {"model": cfg.model.name_or_path, "data": cfg.data.path})
     pad = tokenizer.pad_token_id
-    per_epoch = math.ceil(len(rows) / cfg.run.global_batch)
+    per_epoch = schedule.steps_per_epoch(len(rows), cfg.run.global_batch)
     last: dict[str, float] = {}
     with training.progress(run, "sft"):
         for step in range(run.start, run.total):
-            step_rows = training.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed, step)
+            step_rows = schedule.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed, step)
             denom = sum(data.targets(i) for r in step_rows for i in rows[r])
             mbs = micro_batches(step_rows, cfg, dist, lengths)
             m = training.accumulate(

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from reasoner import device as dev
-from reasoner import losses, models, reference, sharded, shards, training
+from reasoner import losses, models, reference, schedule, sharded, shards, training
 from reasoner.config import CLIPPED, ObjectiveConfig, OfflineConfig, OREALObjective, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
@@ -244,7 +244,7 @@ def rm_warmup(ctx: Ctx, run: training.Run, rm_opt: torch.optim.Optimizer, train_
 def _rm_warmup_step(ctx: Ctx, run: training.Run, rm_opt: torch.optim.Optimizer,
                     train_idx: list[int], step: int) -> float:
     cfg, data = ctx.cfg, ctx.data
-    batch_idx = [train_idx[i] for i in training.global_batch_rows(
+    batch_idx = [train_idx[i] for i in schedule.global_batch_rows(
         len(train_idx), cfg.run.global_batch, cfg.run.seed, step)]
     norm = Norm(samples=len(batch_idx), tokens=0, pos_tokens=0)
 
@@ -324,7 +324,7 @@ def run(cfg: OfflineConfig) -> Path:
     train_idx, val_idx = reference.split_validation(data, obj, cfg.run.seed)
     plateau = reference.Plateau(obj.reset_patience) if val_idx else None
     run = training.start(cfg, "train-offline", env, tokenizer, loaded,
-                         training.total_steps(len(train_idx), cfg.run), ckpt,
+                         schedule.total_steps(len(train_idx), cfg.run), ckpt,
                          {"model": cfg.model.name_or_path, "verified": str(cfg.input_dir)})
     rm_opt = None
     if isinstance(obj, OREALObjective) and obj.token_weights == "rm":
@@ -338,7 +338,7 @@ def run(cfg: OfflineConfig) -> Path:
     last: dict[str, float] = {}
     with training.progress(run, f"train-offline ({obj.name})"):
         for step in range(run.start, run.total):
-            batch_idx = [train_idx[i] for i in training.global_batch_rows(
+            batch_idx = [train_idx[i] for i in schedule.global_batch_rows(
                 len(train_idx), cfg.run.global_batch, cfg.run.seed, step)]
             norm = Norm(samples=len(batch_idx), tokens=sum(data.resp_len(i) for i in batch_idx),
                         pos_tokens=sum(data.resp_len(i) for i in batch_idx if data.rewards[i] > 0))

@@ -24,38 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from reasoner import checkpoints, shards
+from reasoner import checkpoints, schedule, shards
 from reasoner import device as dev
-from reasoner.config import OptimConfig, RunConfig
 from reasoner.device import DistInfo
 from reasoner.errors import DependencyError, TrainingError
 
 # --------------------------------------------------------------------------------------------
-# Optimiser and schedule
-
-
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW; matrices decay, norms and biases do not (the usual split)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-
-
-def lr_at(step: int, total_steps: int, cfg: OptimConfig) -> float:
-    """Linear warmup over warmup_ratio of the steps, then cosine from lr down to min_lr."""
-    warmup = math.ceil(cfg.warmup_ratio * total_steps)
-    if step < warmup:
-        return cfg.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total_steps - warmup - 1)
-    return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: OptimConfig
-                    ) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_at(step, total_steps, cfg) / cfg.lr)
+# Gradients
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
@@ -65,33 +40,6 @@ def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
-
-
-# --------------------------------------------------------------------------------------------
-# Batching plan
-
-
-def steps_per_epoch(num_rows: int, global_batch: int) -> int:
-    return math.ceil(num_rows / global_batch)
-
-
-def epoch_order(num_rows: int, seed: int, epoch: int) -> list[int]:
-    """Deterministic shuffle of row indices for one epoch."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(num_rows, generator=g).tolist()
-
-
-def global_batch_rows(num_rows: int, global_batch: int, seed: int, step: int) -> list[int]:
-    """Rows of global step `step` (epoch by epoch, last batch of an epoch may be short)."""
-    per_epoch = steps_per_epoch(num_rows, global_batch)
-    epoch, k = divmod(step, per_epoch)
-    order = epoch_order(num_rows, seed, epoch)
-    return order[k * global_batch:(k + 1) * global_batch]
-
-
-def total_steps(num_rows: int, run: RunConfig) -> int:
-    steps = math.ceil(run.epochs * steps_per_epoch(num_rows, run.global_batch))
-    return min(steps, run.max_steps) if run.max_steps else steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,8 +283,8 @@ def start(cfg: Any, stage: str, env: tuple[torch.device, DistInfo, torch.dtype],
         model.gradient_checkpointing_enable()
     model.train()
     policy.train()
-    optimizer = build_optimizer(policy, cfg.optim)
-    scheduler = build_scheduler(optimizer, total, cfg.optim)
+    optimizer = schedule.build_optimizer(policy, cfg.optim)
+    scheduler = schedule.build_scheduler(optimizer, total, cfg.optim)
     config = dump(cfg)
     log = MetricsLog(Path(cfg.output_dir) / "metrics.jsonl", cfg.run.tracking, config, dist.is_main)
     saved: dict = {}

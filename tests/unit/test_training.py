@@ -6,21 +6,21 @@ import math
 import pytest
 import torch
 
-from reasoner import training
+from reasoner import schedule, training
 from reasoner.config import OptimConfig
 from reasoner.device import DistInfo
 
 
 def test_lr_warmup_then_cosine_to_min_lr():
     cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_ratio=0.2)
-    lrs = [training.lr_at(s, 10, cfg) for s in range(10)]
+    lrs = [schedule.lr_at(s, 10, cfg) for s in range(10)]
     assert lrs[:2] == [0.5, 1.0]  # 2 warmup steps: linear up to the peak
     assert lrs[2] == 1.0 and lrs[-1] == pytest.approx(0.1)  # cosine from the peak to min_lr
     # step 5 is 3 of the cosine's 7 intervals in
     assert lrs[5] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 7)))
     assert all(a >= b for a, b in zip(lrs[2:], lrs[3:], strict=False))
     flat = OptimConfig(lr=2.0, min_lr=2.0)
-    assert {training.lr_at(s, 5, flat) for s in range(5)} == {2.0}
+    assert {schedule.lr_at(s, 5, flat) for s in range(5)} == {2.0}
 
 
 class _Run:
