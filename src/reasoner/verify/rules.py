@@ -122,11 +122,26 @@ def check(reference: str, candidate: str) -> bool:
     return compare(reference, candidate)["correct"]
 
 
-def _worker(conn: Connection, memory_mb: int) -> None:
+# Comparisons whose first run imports what math-verify and sympy load lazily (the LaTeX parser,
+# sympy's units, combinatorics and tensor modules for `simplify`): 5 s here the first time,
+# 0.03 s after.
+WARM_UP = [("73", "None"), ("\\{1,2\\}", "\\{2,1\\}")]
+
+
+def warm_up() -> None:
+    """Run WARM_UP once, so that cost is paid before a worker says it is ready, not inside the
+    deadline of its first item: there it turned "73" vs "None" into a timeout (None) on a
+    loaded CI machine. The fork server runs it too (module `warm`), so forked workers start warm."""
     import logging
 
     # math-verify warns that its own timeouts are off: the pool enforces them instead.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    for ref, cand in WARM_UP:
+        compare(ref, cand)
+
+
+def _worker(conn: Connection, memory_mb: int) -> None:
+    warm_up()  # at once where the fork server ran it; seconds under spawn
     try:
         import resource
 
@@ -167,13 +182,13 @@ class VerifierPool:
     def __init__(self, workers: int = 1, timeout_s: float = 5.0, memory_mb: int = 2048):
         self.size, self.timeout_s, self.memory_mb = max(1, workers), timeout_s, memory_mb
         # forkserver: workers fork from a clean single-threaded server that has math-verify
-        # imported, so replacements start at once. Forking the caller itself is unsafe: after
-        # torch or pyarrow started their thread pools (eval runs a model, then verifies), a
-        # forked child can segfault inside the LaTeX parser. As with spawn, a script that uses
+        # imported and warmed up (`warm_up`), so replacements start at once. Forking the caller
+        # itself is unsafe: after torch or pyarrow started their thread pools (eval runs a
+        # model, then verifies), a forked child can segfault inside the LaTeX parser. As with spawn, a script that uses
         # the pool needs an `if __name__ == "__main__":` guard (workers re-import it).
         if "forkserver" in mp.get_all_start_methods():
             self._ctx = mp.get_context("forkserver")
-            self._ctx.set_forkserver_preload(["math_verify", "reasoner.verify.rules"])
+            self._ctx.set_forkserver_preload(["math_verify", "reasoner.verify.warm"])
         else:
             self._ctx = mp.get_context("spawn")
         import math_verify  # noqa: F401
