@@ -4,7 +4,8 @@
 
 Each variant runs forward + backward in its own subprocess, which reports the growth of its
 peak resident memory (VmHWM, `reasoner.device.peak_rss_bytes`) over the inputs, and the wall
-time. Default shape: 8,192 response tokens and Qwen2.5's 151,936-token vocabulary on CPU (the naive form needs ~15 GB).
+time. Default shape: 8,192 response tokens and Qwen2.5's 151,936-token vocabulary on CPU (the
+naive form needs ~15 GB).
 Target: chunked peak <= 1/8 of naive.
 """
 

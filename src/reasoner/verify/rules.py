@@ -184,8 +184,9 @@ class VerifierPool:
         # forkserver: workers fork from a clean single-threaded server that has math-verify
         # imported and warmed up (`warm_up`), so replacements start at once. Forking the caller
         # itself is unsafe: after torch or pyarrow started their thread pools (eval runs a
-        # model, then verifies), a forked child can segfault inside the LaTeX parser. As with spawn, a script that uses
-        # the pool needs an `if __name__ == "__main__":` guard (workers re-import it).
+        # model, then verifies), a forked child can segfault inside the LaTeX parser. As with
+        # spawn, a script that uses the pool needs an `if __name__ == "__main__":` guard
+        # (workers re-import it).
         if "forkserver" in mp.get_all_start_methods():
             self._ctx = mp.get_context("forkserver")
             self._ctx.set_forkserver_preload(["math_verify", "reasoner.verify.warm"])
