@@ -92,14 +92,14 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
 
 
 def shard_modules(wrapped: torch.nn.Module, model: Any) -> None:
-    """`fully_shard` every decoder layer, the input embedding when it is not tied to the
-    lm-head, then the root.
+    """`fully_shard` every decoder layer, then the root; the input embedding and lm-head are
+    vocab-parallel instead (`vocab_parallel`: each process keeps its rows and never gathers
+    them).
 
-    The root unit stays gathered from the start of forward to the end of backward, its gradient
-    whole until then: an untied input embedding (Qwen2.5-32B: 778M parameters, 6 GiB of fp32
-    weight and gradient) is gathered only around its own forward and backward instead. A tied
-    one has to stay in the root, with the lm-head it shares (which the log-prob code reads as a
-    weight, outside any module call).
+    Left to FSDP2, the lm-head (and a tied input embedding) would be in the root unit, which
+    stays gathered from the start of forward to the end of backward with its gradient whole
+    until then: 8 bytes x vocab x hidden on every process however many there are (1.1 GiB for
+    Qwen2.5-0.5B; 5.8 GiB for each of Qwen2.5-32B's two untied matrices).
 
     Parameters are all-gathered in fp32 and autocast computes in bf16 / fp16, exactly as one
     process does; gradients are reduced in fp32. (FSDP2's param_dtype=fp16 would halve the
@@ -108,12 +108,13 @@ def shard_modules(wrapped: torch.nn.Module, model: Any) -> None:
     """
     from torch.distributed.fsdp import fully_shard
 
+    from reasoner import vocab_parallel
+
     for layer in model.model.layers:
         fully_shard(layer)
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if head is None or head.weight is not embed.weight:
-        fully_shard(embed)
-    fully_shard(wrapped)
+    mesh = next(model.model.layers[0].parameters()).device_mesh
+    vocab = vocab_parallel.shard_vocab(model, mesh)
+    fully_shard(wrapped, mesh=mesh, ignored_params=set(vocab))
 
 
 def fill_shards(wrapped: torch.nn.Module, reader: SafetensorsSlices, dist: Any,

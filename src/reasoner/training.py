@@ -63,11 +63,15 @@ def sum_over_processes(policy: nn.Module, dist: DistInfo) -> None:
     share of the global-batch loss). Done on the reduced fp32 shards rather than by scaling the
     losses by the world size: that would make every process's local fp16 gradients world-size
     times larger, so fp16 would overflow sooner the more processes there are. (FSDP2's own
-    divide factor needs PREMUL_SUM, which gloo lacks.)"""
+    divide factor needs PREMUL_SUM, which gloo lacks.) Vocab-parallel rows already hold the
+    sum over processes."""
+    from reasoner import vocab_parallel
+
     if dist.world_size == 1:
         return
+    summed = {id(p) for p in vocab_parallel.parameters(policy)}
     for p in policy.parameters():
-        if p.grad is not None:
+        if p.grad is not None and id(p) not in summed:
             p.grad.mul_(dist.world_size)
 
 

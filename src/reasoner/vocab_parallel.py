@@ -1,0 +1,235 @@
+"""Vocabulary-parallel input embedding and lm-head over the data-parallel processes.
+
+Under FSDP2 the lm-head (and the input embedding it is tied to) would sit in the root unit,
+gathered whole on every process from the start of forward to the end of backward, with a whole
+gradient until it is reduce-scattered: 2 x 4 bytes x vocab x hidden per process whatever the
+number of processes (1.1 GiB for Qwen2.5-0.5B, 5.8 GiB for each of Qwen2.5-32B's two
+matrices). Here each process keeps its own rows of the vocabulary (a `Shard(0)` DTensor that
+FSDP2 ignores) and never gathers them: the activations travel instead, one process's tokens at
+a time, as in Megatron's vocab-parallel embedding and cross-entropy.
+
+- Embedding: the owner broadcasts its token ids, every process looks up the ids in its rows
+  (zeros elsewhere), and the sum is reduced onto the owner. Backward: the owner broadcasts the
+  gradient of its embeddings, every process adds the rows that are its own.
+- Log-probs: the owner broadcasts its hidden states and targets; every process computes its
+  part of the logits, chunk by chunk, and the max, the sum of exponentials and the target's
+  logit are all-reduced. Backward recomputes the chunks: each process adds to its rows'
+  gradient and the hidden-state gradient is reduced onto the owner.
+
+The gradient each process holds for its rows is the sum over every process's tokens (what
+FSDP2's reduce-scatter would give, times the number of processes), so `training.
+sum_over_processes` leaves these parameters alone (`parameters`). Every process must
+call these functions the same number of times, in the same order, like FSDP2's own gathers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+_HEAD = "_reasoner_vocab_parallel"  # set on an lm-head module whose weight is vocab-parallel
+
+
+def is_vocab_parallel(weight: Tensor) -> bool:
+    """An lm-head weight that is this process's rows: a DTensor while the forward runs (an
+    FSDP2-managed one would be gathered whole by then)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(weight, DTensor)
+
+
+def parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The vocab-parallel parameters under `module`, each once (a tied weight is one). Found
+    through their modules: parameter objects are replaced when the module is materialised."""
+    found = {}
+    for m in module.modules():
+        if isinstance(m, VocabParallelEmbedding) or getattr(m, _HEAD, False):
+            found[id(m.weight)] = m.weight
+    return list(found.values())
+
+
+def row_range(vocab: int) -> tuple[int, int]:
+    """This process's rows [start, stop) of a `vocab`-row matrix: torch.chunk's split, as
+    `Shard(0)` (and `sharded.fill_shards`) use."""
+    size = math.ceil(vocab / dist.get_world_size())
+    start = min(dist.get_rank() * size, vocab)
+    return start, min(start + size, vocab)
+
+
+def shard_rows(weight: Tensor, mesh) -> nn.Parameter:
+    """`weight` (V, H) as a Shard(0) DTensor parameter holding only this process's rows (no
+    storage while `weight` is on the meta device; filled later, as FSDP2's shards are)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    vocab, world = weight.shape[0], dist.get_world_size()
+    if math.ceil(vocab / world) * (world - 1) >= vocab:
+        raise ValueError(f"a {vocab}-row vocabulary leaves some of {world} processes no rows")
+    start, stop = row_range(vocab)
+    local = weight.detach()[start:stop].clone()
+    dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=weight.shape,
+                            stride=weight.stride())
+    return nn.Parameter(dt, requires_grad=weight.requires_grad)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """nn.Embedding whose `weight` is this process's rows (see the module docstring)."""
+
+    def __init__(self, weight: nn.Parameter, padding_idx: int | None):
+        super().__init__()
+        self.weight = weight
+        self.padding_idx = padding_idx
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        local = self.weight.to_local()  # differentiable: its gradient becomes the DTensor's
+        start, _ = row_range(self.weight.shape[0])
+        out = _Embed.apply(input_ids.reshape(-1), local, start, self.padding_idx)
+        return out.view(*input_ids.shape, local.shape[1])
+
+
+def shard_vocab(model: nn.Module, mesh) -> list[nn.Parameter]:
+    """Make `model`'s input embedding and lm-head vocab-parallel (one parameter when tied);
+    return the new parameters, for `fully_shard(..., ignored_params=...)`."""
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if any(getattr(embed, k, None) for k in ("max_norm", "scale_grad_by_freq", "sparse")):
+        raise NotImplementedError("vocab-parallel embedding: max_norm / scale_grad_by_freq / "
+                                  "sparse embeddings are not supported")
+    tied = head is not None and head.weight is embed.weight
+    weight = shard_rows(embed.weight, mesh)
+    model.set_input_embeddings(VocabParallelEmbedding(weight, embed.padding_idx))
+    params = [weight]
+    if head is not None:
+        if tied:
+            head.weight = weight
+        else:
+            if getattr(head, "bias", None) is not None:
+                raise NotImplementedError("vocab-parallel lm-head: a bias is not supported")
+            head.weight = shard_rows(head.weight, mesh)
+            params.append(head.weight)
+        setattr(head, _HEAD, True)
+    return params
+
+
+def _sizes(n: int, device: torch.device) -> list[int]:
+    """Every process's `n`."""
+    mine = torch.tensor([n], dtype=torch.int64, device=device)
+    out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [int(t) for t in out]
+
+
+def _from(owner: int, mine: Tensor, shape: tuple[int, ...], dtype, device) -> Tensor:
+    """`mine` on its owner, broadcast to the others."""
+    t = mine.contiguous() if dist.get_rank() == owner else torch.empty(shape, dtype=dtype,
+                                                                       device=device)
+    dist.broadcast(t, src=owner)
+    return t
+
+
+class _Embed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids: Tensor, local: Tensor, start: int, padding_idx: int | None) -> Tensor:
+        me, sizes = dist.get_rank(), _sizes(ids.numel(), ids.device)
+        all_ids, out = [], None
+        for owner, n in enumerate(sizes):
+            ids_r = _from(owner, ids, (n,), ids.dtype, ids.device)
+            rel = ids_r - start
+            hit = (rel >= 0) & (rel < local.shape[0])
+            part = local.new_zeros(n, local.shape[1])
+            part[hit] = local[rel[hit]]
+            dist.reduce(part, dst=owner)  # the sum has each id's row from the one that holds it
+            if owner == me:
+                out = part
+            all_ids.append(ids_r)
+        ctx.save_for_backward(*all_ids)
+        ctx.start, ctx.padding_idx, ctx.shape = start, padding_idx, local.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        grad = grad_out.new_zeros(ctx.shape)
+        for owner, ids_r in enumerate(ctx.saved_tensors):
+            g = _from(owner, grad_out, (ids_r.numel(), ctx.shape[1]), grad_out.dtype,
+                      grad_out.device)
+            rel = ids_r - ctx.start
+            hit = (rel >= 0) & (rel < ctx.shape[0])
+            if ctx.padding_idx is not None:  # as nn.Embedding: no gradient for the pad row
+                hit &= ids_r != ctx.padding_idx
+            grad.index_add_(0, rel[hit], g[hit])
+        return None, grad, None, None
+
+
+class _Logprobs(torch.autograd.Function):
+    """`logprobs._ChunkedLogprobs` with the vocabulary split over the processes."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, local: Tensor, targets: Tensor, start: int,
+                chunk_size: int) -> Tensor:
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        me, sizes = dist.get_rank(), _sizes(hidden.shape[0], hidden.device)
+        w = local.to(acc)
+        all_targets, all_lse, out = [], [], None
+        for owner, n in enumerate(sizes):
+            h_r = _from(owner, hidden, (n, hidden.shape[1]), hidden.dtype, hidden.device)
+            t_r = _from(owner, targets, (n,), targets.dtype, targets.device)
+            lp = torch.empty(n, dtype=acc, device=hidden.device)
+            lse = torch.empty(n, dtype=acc, device=hidden.device)
+            for s in range(0, n, chunk_size):
+                # (c, V / processes); under autocast the product is bf16 / fp16, as in
+                # `logprobs._ChunkedLogprobs`: the same values, then fp32 for the reductions
+                logits = (h_r[s:s + chunk_size].to(acc) @ w.T).to(acc)
+                top = logits.amax(-1)
+                dist.all_reduce(top, op=dist.ReduceOp.MAX)
+                sumexp = (logits - top[:, None]).exp().sum(-1)
+                rel = t_r[s:s + chunk_size] - start
+                hit = (rel >= 0) & (rel < w.shape[0])
+                tgt = logits.gather(1, rel.clamp(0, w.shape[0] - 1)[:, None])[:, 0]
+                tgt = torch.where(hit, tgt, 0.0)  # the target's logit, from its one holder
+                both = torch.stack([sumexp, tgt])
+                dist.all_reduce(both)
+                lse[s:s + chunk_size] = top + both[0].log()
+                lp[s:s + chunk_size] = both[1] - lse[s:s + chunk_size]
+            if owner == me:
+                out = lp
+            all_targets.append(t_r)
+            all_lse.append(lse)
+        ctx.save_for_backward(hidden, local, *all_targets, *all_lse)
+        ctx.start, ctx.chunk_size, ctx.sizes = start, chunk_size, sizes
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        hidden, local, *rest = ctx.saved_tensors
+        world = len(ctx.sizes)
+        all_targets, all_lse = rest[:world], rest[world:]
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        me, c, w = dist.get_rank(), ctx.chunk_size, local.to(acc)
+        grad_w = torch.zeros_like(w)
+        grad_h = None
+        for owner, n in enumerate(ctx.sizes):
+            h_r = _from(owner, hidden, (n, hidden.shape[1]), hidden.dtype, hidden.device)
+            g_r = _from(owner, grad_out, (n,), grad_out.dtype, grad_out.device)
+            gh = torch.empty(n, hidden.shape[1], dtype=acc, device=hidden.device)
+            for s in range(0, n, c):
+                h = h_r[s:s + c].to(acc)
+                g = g_r[s:s + c, None].to(acc)
+                # d log p_t / d logits = onehot(t) - softmax(logits), softmax from the global lse
+                dlogits = (h @ w.T).to(acc).sub_(all_lse[owner][s:s + c, None]).exp_().mul_(-g)
+                rel = all_targets[owner][s:s + c] - ctx.start
+                hit = (rel >= 0) & (rel < w.shape[0])
+                dlogits[hit.nonzero()[:, 0], rel[hit]] += g[hit, 0]
+                gh[s:s + c] = dlogits @ w
+                grad_w += dlogits.T @ h
+            dist.reduce(gh, dst=owner)
+            if owner == me:
+                grad_h = gh.to(hidden.dtype)
+        return grad_h, grad_w.to(local.dtype), None, None, None
+
+
+def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:
+    """`logprobs.token_logprobs` for a vocab-parallel `weight` (a Shard(0) DTensor). Every
+    process must call it, even with no tokens of its own."""
+    start, _ = row_range(weight.shape[0])
+    return _Logprobs.apply(hidden, weight.to_local(), targets, start, chunk_size)

@@ -1,0 +1,87 @@
+"""Run under torchrun with two processes: log-probs and gradients of a FSDP2-sharded policy
+with a vocab-parallel embedding and lm-head, against the same model whole in each process.
+
+    python -m torch.distributed.run --nproc_per_node=2 tests/vocab_parallel_check.py OUT.json
+
+Each process scores its own row of a 2-row batch (different numbers of label tokens, pad
+tokens in the inputs, and a third step where process 1 has no label tokens at all); the whole
+model scores both rows. fp64, so that the sums over processes in another order agree to
+~1e-12. Rank 0 writes the largest differences, and the rows of the lm-head each process held
+while its forward's output was alive, to OUT.json."""
+
+import copy
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from reasoner import vocab_parallel
+from reasoner.logprobs import PolicyLogprobs
+from reasoner.sharded import shard_modules
+
+VOCAB, PAD = 101, 0  # odd: the two processes hold 51 and 50 rows
+
+
+def batch(step: int):
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(1, VOCAB, (2, 12), generator=g)
+    ids[0, -3:] = PAD
+    labels = torch.full_like(ids, -100)
+    labels[0, 2:8] = torch.randint(0, VOCAB, (6,), generator=g)
+    labels[1, 5:11] = torch.randint(0, VOCAB, (6,), generator=g)
+    labels[1, 3] = VOCAB - 1  # a target in the last row of the second process's half
+    if step == 2:
+        labels[1] = -100  # process 1 has nothing to score; it must still take part
+    pos = torch.arange(12).expand(2, 12)
+    return ids, pos, labels
+
+
+
+def run(tied: bool) -> dict:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      tie_word_embeddings=tied, pad_token_id=PAD)
+    whole = Qwen2ForCausalLM(cfg).double()
+    ref = PolicyLogprobs(whole, chunk_size=5)  # several chunks per process
+    pol = PolicyLogprobs(copy.deepcopy(whole), chunk_size=5)
+    shard_modules(pol, pol.model)
+    rank, out = dist.get_rank(), {"logprob": 0.0, "grad": 0.0, "head_rows_in_forward": []}
+    for step in range(3):
+        ids, pos, labels = batch(step)
+        ref.zero_grad()
+        pol.zero_grad()
+        lp_all = ref(ids, pos, None, labels)
+        coef = torch.linspace(-1.0, 2.0, lp_all.shape[0], dtype=lp_all.dtype)
+        (lp_all * coef).sum().backward()
+        lp = pol(ids[rank:rank + 1], pos[rank:rank + 1], None, labels[rank:rank + 1])
+        head = pol.model.get_output_embeddings().weight
+        local = head.to_local() if hasattr(head, "to_local") else head
+        out["head_rows_in_forward"].append(local.shape[0])
+        n0 = int((labels[0] >= 0).sum())
+        share = slice(0, n0) if rank == 0 else slice(n0, None)
+        if lp.numel():
+            out["logprob"] = max(out["logprob"], float((lp - lp_all[share]).detach().abs().max()))
+        (lp * coef[share]).sum().backward()  # each process's loss: its share of the whole's
+        summed = {id(p) for p in vocab_parallel.parameters(pol)}
+        for p, q in zip(pol.parameters(), ref.parameters(), strict=True):
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            if id(p) not in summed:
+                g = g * dist.get_world_size()  # FSDP2 averages (training.sum_over_processes)
+            out["grad"] = max(out["grad"], float((g - q.grad).abs().max()))
+    return out
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    result = {"tied": run(True), "untied": run(False)}
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
