@@ -19,7 +19,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)  # (N,)
         w = weight.to(acc)
         for s in range(0, hidden.shape[0], chunk_size):
-            logits = hidden[s:s + chunk_size].to(acc) @ w.T  # (c, V)
+            # (c, V): under bf16 / fp16 autocast the product is in that dtype, and the
+            # log-sum-exp would be too (bf16: +-0.03 at a logit of 10); fp32 from here on
+            logits = (hidden[s:s + chunk_size].to(acc) @ w.T).to(acc)
             tgt = targets[s:s + chunk_size, None]
             out[s:s + chunk_size] = (logits.gather(1, tgt) - logits.logsumexp(-1, keepdim=True))[:, 0]
         ctx.save_for_backward(hidden, weight, targets)
@@ -51,8 +53,13 @@ def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor,
                    chunk_size: int = 4096) -> Tensor:
     """log softmax(hidden @ W.T)[target] per row, (N,) in fp32 (or wider), chunked both ways.
 
-    hidden (N, H), lm_head_weight (V, H), targets (N,) int64.
+    hidden (N, H), lm_head_weight (V, H), targets (N,) int64. A vocab-parallel weight (this
+    process's rows, see `vocab_parallel`) computes over the processes' rows together.
     """
+    from reasoner import vocab_parallel
+
+    if vocab_parallel.is_vocab_parallel(lm_head_weight):
+        return vocab_parallel.token_logprobs(hidden, lm_head_weight, targets, chunk_size)
     if hidden.shape[0] == 0:
         return hidden.new_zeros(0, dtype=torch.float32) + 0 * lm_head_weight.sum()
     return _ChunkedLogprobs.apply(hidden, lm_head_weight, targets, chunk_size)
