@@ -54,8 +54,12 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
 
 OBJECTIVES = [
     "{name: pcl}",
-    "{name: dapo, kl_coef: 0.01}",  # reference log-probs: each process scores its share
-    "{name: prorl, kl_coef: 0.01, reset_every: 2}",  # a resident, sharded reference; resets
+    # reference log-probs: each process scores its share. (eps 1e-3, as for OREAL below: the
+    # vocab-parallel softmax sums its two halves in another order than one process, and at the
+    # default eps AdamW turns the rounding in near-zero gradients into lr-sized steps: 1.05e-5)
+    "{name: dapo, kl_coef: 0.01} optim.eps=1e-3",
+    "{name: prorl, kl_coef: 0.01, reset_every: 2} optim.eps=1e-3",  # a resident, sharded
+    # reference; resets
     "{name: discounted, kl_coef: 0.01, ref_update_every: 1}",  # moving average, shard by shard
     # OREAL at AdamW's default eps 1e-8 is left out: a fresh token RM's weights clip(2p - 1) ~ 0
     # leave near-zero policy gradients, which AdamW turns into lr-sized steps whose sign follows
