@@ -3,10 +3,11 @@ of it runs, ending in "fits" or "does not fit: change X".
 
 Training stages (sft, train-offline) are modelled as this project's trainer runs them: FSDP2
 over all devices, fp32 master weights, gradients and AdamW moments sharded (16 bytes per
-parameter / devices), the root (embeddings, lm-head) and up to three decoder layers gathered
-whole in fp32 while they compute, activations of one micro-batch in the compute dtype (the
-layer inputs only, plus one layer recomputed, with gradient checkpointing), and the lm-head's
-log-prob chunk in fp32. Generation stages (infer, eval, the judge) are modelled as vLLM runs
+parameter / devices; the embeddings and lm-head too, vocab-parallel), the final norm and up
+to three decoder layers gathered whole in fp32 while they compute, activations of one
+micro-batch in the compute dtype (the layer inputs only, plus one layer recomputed, with
+gradient checkpointing), and the lm-head's log-prob chunk in fp32 (this device's share of
+the vocabulary). Generation stages (infer, eval, the judge) are modelled as vLLM runs
 them: weights split over tensor parallelism, the rest of `gpu_memory_utilization` for the KV
 cache, which must hold at least one sequence of `max_model_len` tokens.
 
@@ -73,11 +74,6 @@ class Shape:
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     @property
-    def gathered_root_params(self) -> int:
-        """The root FSDP unit: lm-head (= the tied embedding) and final norm."""
-        return self.vocab * self.hidden + self.hidden
-
-    @property
     def params(self) -> int:
         return self.layers * self.layer_params + self.root_params
 
@@ -132,12 +128,11 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
     sharded = devices > 1
     out = {
         "weights+grads+adam fp32": 16 * s.params / devices,
-        # the root (lm-head, final norm; the input embedding too when tied) stays gathered
-        # through forward and backward, and its gradient is whole until reduce-scattered (an
-        # untied input embedding is a unit of its own); layers: current + prefetched + gradient
-        "gathered root + 3 layers": 4 * (2 * s.gathered_root_params + 3 * s.layer_params)
-        if sharded else 0.0,
-        "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * s.vocab,
+        # the root FSDP unit (the final norm: embeddings and lm-head are vocab-parallel) stays
+        # gathered through forward and backward; layers: current + prefetched + gradient
+        "gathered root + 3 layers": 4 * (2 * s.hidden + 3 * s.layer_params) if sharded else 0.0,
+        # one chunk of one process's tokens against this device's rows of the vocabulary
+        "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * math.ceil(s.vocab / devices),
     }
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
     if checkpointing:
