@@ -120,8 +120,8 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, two_pro
 @pytest.mark.slow
 @pytest.mark.xdist_group("train-offline-two-processes")
 def test_two_processes_match_one_with_an_untied_embedding(tmp_path, verified_dir, two_process_runs):
-    """Untied embeddings (Qwen2.5-32B's layout): the input embedding is an FSDP unit of its own
-    (gathered only around its own forward and backward), and 2 processes still give 1's weights."""
+    """Untied embeddings (Qwen2.5-32B's layout): the input embedding and the lm-head are two
+    vocab-parallel matrices, and 2 processes still give 1's weights."""
     root, untied = two_process_runs
     weights = load_file(untied / "model.safetensors")
     assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
