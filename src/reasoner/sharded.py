@@ -8,12 +8,12 @@ shards only and copies each shard's rows from the (memory-mapped) safetensors fi
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from reasoner import vocab_parallel
 from reasoner.config import ModelConfig
 from reasoner.errors import InputError
 
@@ -108,8 +108,6 @@ def shard_modules(wrapped: torch.nn.Module, model: Any) -> None:
     """
     from torch.distributed.fsdp import fully_shard
 
-    from reasoner import vocab_parallel
-
     for layer in model.model.layers:
         fully_shard(layer)
     mesh = next(model.model.layers[0].parameters()).device_mesh
@@ -137,7 +135,7 @@ def fill_shards(wrapped: torch.nn.Module, reader: SafetensorsSlices, dist: Any,
         rows = local.shape[0] if local.dim() else 0
         start = 0
         if hasattr(p, "to_local") and local.dim():
-            start = dist.rank * math.ceil(p.shape[0] / dist.world_size)
+            start, _ = vocab_parallel.row_range(p.shape[0], dist.rank, dist.world_size)
         if local.dim() and rows == 0:
             continue
         local.copy_(reader.rows(key, start, start + rows).to(local.dtype))

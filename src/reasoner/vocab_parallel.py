@@ -51,12 +51,20 @@ def parameters(module: nn.Module) -> list[nn.Parameter]:
     return list(found.values())
 
 
-def row_range(vocab: int) -> tuple[int, int]:
-    """This process's rows [start, stop) of a `vocab`-row matrix: torch.chunk's split, as
-    `Shard(0)` (and `sharded.fill_shards`) use."""
-    size = math.ceil(vocab / dist.get_world_size())
-    start = min(dist.get_rank() * size, vocab)
+def row_range(vocab: int, rank: int | None = None, world: int | None = None) -> tuple[int, int]:
+    """Process `rank`'s rows [start, stop) of a `vocab`-row matrix (default: this process's):
+    torch.chunk's split, as `Shard(0)` and FSDP2 (`sharded.fill_shards`) use."""
+    rank = dist.get_rank() if rank is None else rank
+    world = dist.get_world_size() if world is None else world
+    size = math.ceil(vocab / world)
+    start = min(rank * size, vocab)
     return start, min(start + size, vocab)
+
+
+def _mine(ids: Tensor, start: int, rows: int) -> tuple[Tensor, Tensor]:
+    """`ids` as row numbers of the local [start, start + rows) block, and which fall in it."""
+    rel = ids - start
+    return rel, (rel >= 0) & (rel < rows)
 
 
 def shard_rows(weight: Tensor, mesh) -> nn.Parameter:
@@ -135,8 +143,7 @@ class _Embed(torch.autograd.Function):
         all_ids, out = [], None
         for owner, n in enumerate(sizes):
             ids_r = _from(owner, ids, (n,), ids.dtype, ids.device)
-            rel = ids_r - start
-            hit = (rel >= 0) & (rel < local.shape[0])
+            rel, hit = _mine(ids_r, start, local.shape[0])
             part = local.new_zeros(n, local.shape[1])
             part[hit] = local[rel[hit]]
             dist.reduce(part, dst=owner)  # the sum has each id's row from the one that holds it
@@ -153,8 +160,7 @@ class _Embed(torch.autograd.Function):
         for owner, ids_r in enumerate(ctx.saved_tensors):
             g = _from(owner, grad_out, (ids_r.numel(), ctx.shape[1]), grad_out.dtype,
                       grad_out.device)
-            rel = ids_r - ctx.start
-            hit = (rel >= 0) & (rel < ctx.shape[0])
+            rel, hit = _mine(ids_r, ctx.start, ctx.shape[0])
             if ctx.padding_idx is not None:  # as nn.Embedding: no gradient for the pad row
                 hit &= ids_r != ctx.padding_idx
             grad.index_add_(0, rel[hit], g[hit])
@@ -183,8 +189,7 @@ class _Logprobs(torch.autograd.Function):
                 top = logits.amax(-1)
                 dist.all_reduce(top, op=dist.ReduceOp.MAX)
                 sumexp = (logits - top[:, None]).exp().sum(-1)
-                rel = t_r[s:s + chunk_size] - start
-                hit = (rel >= 0) & (rel < w.shape[0])
+                rel, hit = _mine(t_r[s:s + chunk_size], start, w.shape[0])
                 tgt = logits.gather(1, rel.clamp(0, w.shape[0] - 1)[:, None])[:, 0]
                 tgt = torch.where(hit, tgt, 0.0)  # the target's logit, from its one holder
                 both = torch.stack([sumexp, tgt])
@@ -217,8 +222,7 @@ class _Logprobs(torch.autograd.Function):
                 g = g_r[s:s + c, None].to(acc)
                 # d log p_t / d logits = onehot(t) - softmax(logits), softmax from the global lse
                 dlogits = (h @ w.T).to(acc).sub_(all_lse[owner][s:s + c, None]).exp_().mul_(-g)
-                rel = all_targets[owner][s:s + c] - ctx.start
-                hit = (rel >= 0) & (rel < w.shape[0])
+                rel, hit = _mine(all_targets[owner][s:s + c], ctx.start, w.shape[0])
                 dlogits[hit.nonzero()[:, 0], rel[hit]] += g[hit, 0]
                 gh[s:s + c] = dlogits @ w
                 grad_w += dlogits.T @ h

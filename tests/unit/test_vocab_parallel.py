@@ -3,6 +3,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
 
 CHECK = Path(__file__).parents[1] / "vocab_parallel_check.py"
@@ -26,3 +27,17 @@ def test_two_processes_score_and_differentiate_like_one_without_gathering_the_lm
         r = result[layout]
         assert r["logprob"] < 1e-12 and r["grad"] < 1e-12, (layout, r)
         assert r["head_rows_in_forward"] == [51, 51, 51], (layout, r)
+
+
+@pytest.mark.parametrize("vocab,world", [(101, 2), (100, 2), (151_936, 8), (7, 3), (5, 4)])
+def test_row_ranges_are_torch_chunks_split_which_fsdp2_and_the_checkpoint_reader_assume(vocab, world):
+    """Every process's rows, as `row_range` gives them (and `sharded.fill_shards` reads them
+    from the safetensors file), are exactly torch.chunk's pieces, in order, covering the matrix;
+    a process past the last piece gets an empty range."""
+    from reasoner.vocab_parallel import row_range
+
+    pieces = torch.arange(vocab).chunk(world)
+    for rank in range(world):
+        start, stop = row_range(vocab, rank, world)
+        want = pieces[rank].tolist() if rank < len(pieces) else []
+        assert list(range(start, stop)) == want, (rank, start, stop)
