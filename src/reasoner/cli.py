@@ -288,6 +288,7 @@ def run_recipe(
     config (sft.optim.lr=1e-4). On a GPU / NPU machine the memory plan runs first.
     """
     from reasoner import pipeline, plan
+    from reasoner.stages import load_recipe
 
     if not dry_run and not no_plan:
         try:
@@ -305,7 +306,7 @@ def run_recipe(
             raise typer.Exit(2)
 
     def go() -> list:
-        cfg = pipeline.load_recipe(recipe, overrides or [])
+        cfg = load_recipe(recipe, overrides or [])
         return pipeline.run(cfg, recipe.parent, start, until, dry_run,
                             echo=lambda line: console.print(line, markup=False, highlight=False,
                                                           soft_wrap=True))

@@ -268,8 +268,9 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
                 pp: int = 4) -> list[StagePlan]:
     """Every stage of a recipe, with the start model's shape for the models it trains."""
     from reasoner import pipeline
+    from reasoner.stages import load_recipe
 
-    recipe = pipeline.load_recipe(path, overrides or [])
+    recipe = load_recipe(path, overrides or [])
     stages = pipeline.plan(recipe, path.parent)
     start = next((s.config.model.name_or_path for s in stages if s.command == "sft"),
                  recipe.start_model)

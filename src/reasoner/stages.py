@@ -1,7 +1,8 @@
 """The registry of stages: for each command, its config model, its runner, what it produces.
 
 The CLI (config models of every command) and `reasoner run` (planning, running, the end table)
-both read this one table. Adding a stage: its module with a `run(cfg)`, its config model in
+both read this one table; the recipe models and `load_recipe` (a recipe file with `extends`
+resolved and overrides applied) live here too. Adding a stage: its module with a `run(cfg)`, its config model in
 config.py, one entry here, its docs. Runners are named as "module:function" and imported only
 when the stage runs, so `reasoner --help` never loads torch-heavy modules.
 """
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, Field, field_validator
 
 from reasoner import shards
 from reasoner.config import (
+    ConfigError,
     EvalConfig,
     InferConfig,
     OfflineConfig,
@@ -27,6 +31,7 @@ from reasoner.config import (
     SynthConfig,
     TinyConfig,
     VerifyConfig,
+    load,
 )
 
 
@@ -177,6 +182,73 @@ class RecipeConfig(Strict):
     rounds: int = Field(1, ge=1, description="repeat the `repeat: true` block (infer -> verify -> "
                         "train-offline [-> eval]) from the newest checkpoint")
     stages: list[StageSpec] = Field(..., min_length=1, description="the stages, in order")
+
+
+def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The recipe as data, with `extends` resolved: the base's stages up to `extends_until`,
+    then this file's; config paths made relative to this file's folder."""
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    base_name = raw.get("extends")
+    if base_name is None:
+        return raw
+    base_path = (path.parent / base_name).resolve()
+    if base_path in seen:
+        raise ConfigError(f"{path}: `extends` loops back to {base_path}")
+    base = _read_recipe(base_path, (*seen, path.resolve()))
+    stages = []
+    for stage in base.get("stages", []):
+        stage = dict(stage)
+        if stage.get("config") is not None:
+            stage["config"] = os.path.relpath(base_path.parent / stage["config"], path.parent)
+        stages.append(stage)
+        if stage.get("name") == raw.get("extends_until"):
+            break
+    else:
+        if raw.get("extends_until") is not None:
+            raise ConfigError(f"{path}: extends_until {raw['extends_until']!r} is no stage of {base_path}")
+    merged = {k: v for k, v in base.items() if k not in ("stages", "extends", "extends_until")}
+    merged.update({k: v for k, v in raw.items() if k != "stages"})
+    merged["stages"] = stages + list(raw.get("stages", []))
+    return merged
+
+
+def load_recipe(path: Path, overrides: list[str]) -> RecipeConfig:
+    """The recipe YAML plus overrides: recipe keys (run_dir=..., seed=1) or STAGE.key=value."""
+    import difflib
+
+    from reasoner.configfile import parse_overrides
+
+    top, per_stage = [], {}
+    raw = _read_recipe(Path(path))
+    stage_names = [s.get("name") for s in raw.get("stages", []) if isinstance(s, dict)]
+    for item in overrides:
+        head = item.partition("=")[0].split(".")[0]
+        if head in RecipeConfig.model_fields:
+            top.append(item)
+        elif head in stage_names:
+            per_stage.setdefault(head, []).append(item.split(".", 1)[1])
+        else:
+            close = difflib.get_close_matches(head, [*RecipeConfig.model_fields, *stage_names], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"override {item!r}: '{head}' is neither a recipe key "
+                              f"({', '.join(RecipeConfig.model_fields)}) nor a stage name{hint}")
+    if "extends" in raw:  # merged data: errors name the key, not a line
+        recipe = load(RecipeConfig, None, top, values=raw)
+    else:
+        recipe = load(RecipeConfig, path, top)
+    for spec in recipe.stages:
+        for key, value in parse_overrides(per_stage.get(spec.name, [])).items():
+            spec.set = {**spec.set, ".".join(key): value}
+        if per_stage:  # the stage times were measured on the recipe as written, not on this one
+            spec.expect_seconds = None
+    return recipe
 
 
 def config_models() -> dict[str, type[BaseModel]]:

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from reasoner import pipeline
 from reasoner.cli import app
+from reasoner.stages import load_recipe
 
 CONFIGS = {
     "data_synth.yaml": {"output_dir": "x", "num_train": 30, "num_test": 6, "seed": 0},
@@ -66,7 +67,7 @@ def write_recipe(root: Path, **changes) -> Path:
 
 
 def go(path: Path, *overrides: str, **kw) -> list[pipeline.Stage]:
-    return pipeline.run(pipeline.load_recipe(path, list(overrides)), path.parent, echo=lambda _: None,
+    return pipeline.run(load_recipe(path, list(overrides)), path.parent, echo=lambda _: None,
                         **kw)
 
 
@@ -145,7 +146,7 @@ def test_bad_overrides_exit_2(tmp_path, override, message):
 
 def test_recipe_errors(tmp_path):
     path = write_recipe(tmp_path)
-    recipe = pipeline.load_recipe(path, [])
+    recipe = load_recipe(path, [])
     bad = recipe.model_copy(deep=True)
     bad.stages[2].set = {"data.path": "{nowhere}/sft"}
     with pytest.raises(pipeline.ConfigError, match=r"\{nowhere\} names no earlier stage"):
@@ -166,7 +167,7 @@ def test_recipe_errors(tmp_path):
 
 def test_recipe_seed_shifts_every_seed(tmp_path):
     path = write_recipe(tmp_path)
-    stages = pipeline.plan(pipeline.load_recipe(path, ["seed=5"]), tmp_path)
+    stages = pipeline.plan(load_recipe(path, ["seed=5"]), tmp_path)
     by = {s.name: s.config for s in stages}
     assert by["data"].seed == 5 and by["init"].model.seed == 5 and by["sft"].run.seed == 5
     assert by["samples"].sampling.seed == 5 and by["eval-rl"].seed == 5
@@ -184,19 +185,19 @@ def test_extends_takes_the_base_stages_up_to_a_name(tmp_path):
                                             "objective.name": "rft"}},
                    {"name": "eval-rft", "command": "eval", "config": "../eval.yaml", "repeat": True,
                     "set": {"model.name_or_path": "{policy}", "data": [{"path": "{data}/test_problems"}]}}]}))
-    recipe = pipeline.load_recipe(sub / "rft.yaml", ["rounds=2"])
+    recipe = load_recipe(sub / "rft.yaml", ["rounds=2"])
     stages = pipeline.plan(recipe, sub)
     assert [s.name for s in stages] == ["data", "init", "sft", "eval-sft", "samples", "verified",
                                         "rl-rft", "eval-rft", "samples-r2", "verified-r2", "rl-rft-r2",
                                         "eval-rft-r2"]
     assert recipe.run_dir == tmp_path / "run" and recipe.seed == 2  # base's run_dir, own seed
-    base = pipeline.plan(pipeline.load_recipe(tmp_path / "recipe.yaml", ["seed=2"]), tmp_path)
+    base = pipeline.plan(load_recipe(tmp_path / "recipe.yaml", ["seed=2"]), tmp_path)
     assert [s.chain for s in stages[:6]] == [s.chain for s in base[:6]]  # shared stages are skipped
     assert stages[6].config.objective.name == "rft"
     (sub / "loop.yaml").write_text(yaml.safe_dump({"extends": "loop.yaml", "stages": []}))
     with pytest.raises(pipeline.ConfigError, match="loops back"):
-        pipeline.load_recipe(sub / "loop.yaml", [])
+        load_recipe(sub / "loop.yaml", [])
     (sub / "bad.yaml").write_text(yaml.safe_dump({"extends": "../recipe.yaml", "extends_until": "nope",
                                                   "stages": []}))
     with pytest.raises(pipeline.ConfigError, match="extends_until 'nope' is no stage"):
-        pipeline.load_recipe(sub / "bad.yaml", [])
+        load_recipe(sub / "bad.yaml", [])

@@ -6,7 +6,7 @@ import pytest
 
 from reasoner import pipeline
 from reasoner.errors import ConfigError
-from reasoner.stages import StageSpec
+from reasoner.stages import StageSpec, load_recipe
 
 
 def stages(tmp_path: Path, names=("a", "b", "c")) -> list[pipeline.Stage]:
@@ -69,13 +69,13 @@ def test_from_and_until(tmp_path):
 
 def test_the_pcl_recipe_asks_every_stage_with_the_official_prompt_and_a_drift_is_refused():
     base = Path(__file__).parents[2] / "configs" / "pcl_reasoner_v1_5"
-    stages = pipeline.plan(pipeline.load_recipe(base / "recipe.yaml", []), base)
+    stages = pipeline.plan(load_recipe(base / "recipe.yaml", []), base)
     asked = {s.name: s.config.template for s in stages if s.spec.command in ("sft", "infer", "eval")}
     assert set(asked) == {"sft", "samples", "aime24", "aime25"}
     for t in asked.values():
         assert t.instruction == "Please reason step by step, and put your final answer within \\boxed{}."
         assert t.system_prompt.startswith("You are a helpful assistant. To answer the user's")
-    drifted = pipeline.load_recipe(base / "recipe.yaml", ["samples.template.system_prompt=Hi."])
+    drifted = load_recipe(base / "recipe.yaml", ["samples.template.system_prompt=Hi."])
     with pytest.raises(ConfigError, match="'sft' and 'samples' render prompts differently"):
         pipeline.plan(drifted, base)
 
@@ -84,11 +84,11 @@ def test_stage_overrides_drop_the_reference_stage_times():
     """A stage override changes what the recipe's expect_seconds measured (and what the stages
     after it get): no time-left estimate then, rather than a wrong one. Recipe keys keep it."""
     recipe = Path(__file__).parents[2] / "configs" / "quickstart" / "recipe.yaml"
-    times = {s.name: s.expect_seconds for s in pipeline.load_recipe(recipe, []).stages}
+    times = {s.name: s.expect_seconds for s in load_recipe(recipe, []).stages}
     assert times["sft"] and times["sft"] > 60
-    kept = pipeline.load_recipe(recipe, ["seed=1", "run_dir=elsewhere"])
+    kept = load_recipe(recipe, ["seed=1", "run_dir=elsewhere"])
     assert {s.name: s.expect_seconds for s in kept.stages} == times
-    scaled = pipeline.load_recipe(recipe, ["sft.run.max_steps=100"])
+    scaled = load_recipe(recipe, ["sft.run.max_steps=100"])
     assert all(s.expect_seconds is None for s in scaled.stages)
 
 
@@ -100,7 +100,7 @@ def test_a_vllm_stage_runs_in_its_own_process(monkeypatch, tmp_path):
     from reasoner import infer
 
     base = Path(__file__).parents[2] / "configs" / "pcl_reasoner_v1_5"
-    stages = {s.name: s for s in pipeline.plan(pipeline.load_recipe(base / "recipe.yaml", []), base)}
+    stages = {s.name: s for s in pipeline.plan(load_recipe(base / "recipe.yaml", []), base)}
     assert pipeline.uses_vllm(stages["samples"]) is (infer.pick_backend("vllm") == "vllm")
     assert pipeline.uses_vllm(stages["verify"])  # the Qwen3-32B judge on vLLM
     monkeypatch.setattr(infer, "pick_backend", lambda backend: "hf")
