@@ -117,8 +117,9 @@ def test_every_shipped_config_loads():
             checked += 1
         if key == "run":  # a recipe: every stage's config resolves too
             from reasoner import pipeline
+            from reasoner.stages import load_recipe
 
-            stages = pipeline.plan(pipeline.load_recipe(path, []), path.parent)
+            stages = pipeline.plan(load_recipe(path, []), path.parent)
             assert stages and all(s.out.parent == Path(stages[0].out.parent) for s in stages)
             recipes += 1
     assert checked >= 2 and recipes == 12
