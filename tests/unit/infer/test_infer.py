@@ -241,6 +241,17 @@ def test_vllm_engine_settings_on_a_cpu_and_a_gpu():
     assert bf16["dtype"] == "bfloat16" and bf16["max_num_batched_tokens"] == 8192
 
 
+def test_vllm_on_a_cpu_with_one_worker_runs_its_engine_in_this_process():
+    """CPU, tensor parallel 1: no engine-core or worker process (each would import torch and
+    vLLM again: minutes on a slow CPU); several CPU workers or a GPU keep vLLM's processes."""
+    from reasoner.config import VLLMConfig
+    from reasoner.infer.vllm import engine_env
+
+    assert engine_env(VLLMConfig(), on_cpu=True) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert engine_env(VLLMConfig(tensor_parallel_size=2), on_cpu=True) == {}
+    assert engine_env(VLLMConfig(), on_cpu=False) == {}
+
+
 def test_temperature_above_vllms_limit_is_refused_at_load():
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=2.5)
