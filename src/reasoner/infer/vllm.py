@@ -115,10 +115,11 @@ class VLLMGenerator(Streaming):
             from vllm.platforms import current_platform
         except ImportError as exc:
             raise DependencyError(vllm_missing_message()) from exc
-        for key, value in engine_env(engine, current_platform.is_cpu()).items():
+        on_cpu = current_platform.is_cpu()
+        for key, value in engine_env(engine, on_cpu).items():
             os.environ.setdefault(key, value)  # a value the user set wins
         self.llm = LLM(**engine_args(cfg, engine, max_model_len, seed, want_logprobs,
-                                     on_cpu=current_platform.is_cpu()))
+                                     on_cpu=on_cpu))
         self.tokenizer = self.llm.get_tokenizer()
         self.context_window = int(self.llm.llm_engine.model_config.max_model_len)
         self.preferred_batch = engine.max_pending
