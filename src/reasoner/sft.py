@@ -102,7 +102,7 @@ def tokenize(cfg: SFTConfig, tokenizer: Any, dist: dev.DistInfo | None = None,
              progress: bool = False) -> Tokenized:
     """Render + tokenize every example once into the Arrow cache (streamed: memory stays flat
     however large the data); later calls and the other ranks map the file."""
-    from reasoner.training import progress_bar
+    from reasoner.runlog import progress_bar
 
     def build(path: Path) -> None:
         pairs = (render_sft(r, cfg.template, tokenizer)

@@ -24,6 +24,7 @@ from reasoner import losses, models, reference, schedule, sharded, shards, train
 from reasoner.config import CLIPPED, ObjectiveConfig, OfflineConfig, OREALObjective, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
+from reasoner.runlog import progress_bar
 from reasoner.rollouts import Rollouts, load_rollouts, sample_signal, sampling_of, token_scope
 from reasoner.token_rm import TokenRewardModel, token_weights
 
@@ -233,7 +234,7 @@ def rm_warmup(ctx: Ctx, run: training.Run, rm_opt: torch.optim.Optimizer, train_
     Returns the mean BCE per step."""
     cfg = ctx.cfg
     bces: list[float] = []
-    with training.progress_bar(cfg.run.progress and run.dist.is_main) as bar:
+    with progress_bar(cfg.run.progress and run.dist.is_main) as bar:
         task = bar.add_task("token RM warm-up", total=steps, info="")
         for step in range(steps):
             bces.append(_rm_warmup_step(ctx, run, rm_opt, train_idx, step))

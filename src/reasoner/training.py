@@ -12,9 +12,7 @@ these, like a torchtune recipe. Losses scale each micro-batch to its share of th
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +25,8 @@ from torch import nn
 from reasoner import checkpoints, schedule, shards
 from reasoner import device as dev
 from reasoner.device import DistInfo
-from reasoner.errors import DependencyError, TrainingError
+from reasoner.errors import TrainingError
+from reasoner.runlog import MetricsLog, Timer, progress_bar
 
 # --------------------------------------------------------------------------------------------
 # Gradients
@@ -79,89 +78,6 @@ def set_grad_sync(policy: nn.Module, enabled: bool) -> None:
     """Skip the gradient reduce on all but the last micro-batch of an accumulation."""
     if hasattr(policy, "set_requires_gradient_sync"):
         policy.set_requires_gradient_sync(enabled)
-
-
-# --------------------------------------------------------------------------------------------
-# Metrics and progress
-
-
-class MetricsLog:
-    """`metrics.jsonl` (one object per logged step) plus optional tensorboard / wandb."""
-
-    def __init__(self, path: Path, sinks: list[str], config: dict, enabled: bool):
-        self.enabled = enabled
-        self.path = Path(path)
-        self._tb = self._wandb = None
-        if not enabled:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if "tensorboard" in sinks:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise DependencyError("tracking: tensorboard needs pip install 'reasoner[tracking]'"
-                                  ) from exc
-            self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
-        if "wandb" in sinks:
-            try:
-                import wandb
-            except ImportError as exc:
-                raise DependencyError("tracking: wandb needs pip install 'reasoner[tracking]'") from exc
-            self._wandb = wandb.init(config=config, dir=str(self.path.parent))
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self._tb:
-            for k, v in metrics.items():
-                self._tb.add_scalar(k, v, step)
-        if self._wandb:
-            self._wandb.log(metrics, step=step)
-
-    def reset(self) -> None:
-        """Start the file afresh (a run from step 0)."""
-        if self.enabled and self.path.exists():
-            self.path.unlink()
-
-    def truncate_after(self, step: int) -> None:
-        """On resume, forget rows logged after the checkpoint we restart from."""
-        if not (self.enabled and self.path.exists()):
-            return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in keep))
-
-    def close(self) -> None:
-        if self._tb:
-            self._tb.close()
-        if self._wandb:
-            self._wandb.finish()
-
-
-def progress_bar(enabled: bool):
-    """A rich progress bar with ETA (disabled off the main process or when asked)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    disable=not enabled, transient=False)
-
-
-class Timer:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
 
 
 # --------------------------------------------------------------------------------------------

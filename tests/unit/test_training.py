@@ -2,11 +2,13 @@
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from reasoner import schedule, training
+from reasoner import runlog, schedule, training
 from reasoner.config import OptimConfig
 from reasoner.device import DistInfo
 
@@ -51,7 +53,7 @@ def test_accumulate_sums_weights_means_skips_nan_and_keeps_extremes():
 
 def test_metrics_file_restarts_on_a_fresh_run_and_truncates_on_resume(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    log = training.MetricsLog(path, [], {}, enabled=True)
+    log = runlog.MetricsLog(path, [], {}, enabled=True)
     for step in range(1, 6):
         log.log(step, {"loss": float(step)})
     log.truncate_after(3)  # resumed from checkpoint-3: steps 4 and 5 will be logged again
@@ -59,6 +61,13 @@ def test_metrics_file_restarts_on_a_fresh_run_and_truncates_on_resume(tmp_path):
     log.reset()  # started again from step 0: none of the dead run's rows remain
     log.log(1, {"loss": 9.0})
     assert [json.loads(x) for x in path.read_text().splitlines()] == [{"step": 1, "loss": 9.0}]
+
+
+def test_the_run_log_and_progress_bar_load_without_torch():
+    """infer and verify show progress through runlog; it must not pull in the training stack."""
+    code = "import sys, reasoner.runlog; print(sorted(m for m in ('torch', 'reasoner.training') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_passes(monkeypatch):

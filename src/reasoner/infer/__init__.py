@@ -113,7 +113,7 @@ def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], ou
               shard: int, stats: dict, progress: bool) -> None:
     """Every sample of `todo` into this shard's part, each written as soon as it is finished
     (the backend streams them), so a crash loses only the samples still being decoded."""
-    from reasoner.training import progress_bar
+    from reasoner.runlog import progress_bar
 
     tok = gen.tokenizer
     window = cfg.max_model_len or gen.context_window

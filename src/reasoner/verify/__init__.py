@@ -40,7 +40,7 @@ def _judge_verdict(v: int | None) -> str:
 
 def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress: bool) -> int:
     """Append a verdict row per sample not yet in `out/verdicts` (resumable); return how many."""
-    from reasoner.training import progress_bar
+    from reasoner.runlog import progress_bar
     from reasoner.verify.rules import VerifierPool
 
     folder = out / VERDICTS
