@@ -24,8 +24,8 @@ from reasoner import losses, models, reference, schedule, sharded, shards, train
 from reasoner.config import CLIPPED, ObjectiveConfig, OfflineConfig, OREALObjective, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
-from reasoner.runlog import progress_bar
 from reasoner.rollouts import Rollouts, load_rollouts, sample_signal, sampling_of, token_scope
+from reasoner.runlog import progress_bar
 from reasoner.token_rm import TokenRewardModel, token_weights
 
 
