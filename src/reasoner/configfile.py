@@ -44,7 +44,9 @@ def parse_overrides(overrides: list[str]) -> dict[tuple[str, ...], Any]:
             if isinstance(value, str) and _FLOAT.fullmatch(value):
                 value = float(value)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+            raise ConfigError(
+                f"override {item!r}: value is not valid YAML ({exc}); to pass it as text, quote it "
+                f"inside the shell's quotes: '{key}=\"{raw}\"'") from exc
         parsed[tuple(key.split("."))] = value
     return parsed
 

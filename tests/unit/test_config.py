@@ -40,6 +40,15 @@ def test_override_values_are_yaml_scalars():
         ("a", "b"): 1e-5, ("c",): None, ("d",): [1, 2], ("e",): True, ("f",): "text", ("g",): 3}
 
 
+def test_an_override_that_is_not_yaml_says_how_to_pass_it_as_text():
+    """`{sft}/final` (a recipe reference) opens a YAML mapping; the message shows the quoting."""
+    with pytest.raises(ConfigError) as err:
+        parse_overrides(["rl-prorl.reference={sft}/final"])
+    assert "not valid YAML" in str(err.value)
+    assert """'rl-prorl.reference="{sft}/final"'""" in str(err.value)
+    assert parse_overrides(['reference="{sft}/final"']) == {("reference",): "{sft}/final"}
+
+
 def test_unknown_key_in_file_names_file_line_and_closest_key(tmp_path):
     path = write(tmp_path, "output_dir: out\nseed: 1\nnum_trian: 5\n")
     with pytest.raises(ConfigError) as err:
