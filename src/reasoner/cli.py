@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -70,15 +70,20 @@ def main(
     hf_logging.disable_progress_bar()  # our own progress bars and summaries speak instead
 
 
+def fail(name: str, message: str) -> NoReturn:
+    """End the command with a user-fixable error: its name, the message as plain text, exit 2."""
+    console.print(f"[bold red]reasoner {name}: error[/]")
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2) from None
+
+
 def run_stage(name: str, fn: Callable[[], Any]) -> Any:
     """Run one stage, turning user-fixable errors into a one-paragraph message and exit code 2."""
     started = time.perf_counter()
     try:
         result = fn()
     except USER_ERRORS as exc:
-        console.print(f"[bold red]reasoner {name}: error[/]")
-        console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(name, str(exc))
     except KeyboardInterrupt:
         console.print(f"[yellow]reasoner {name}: interrupted; rerun the same command to resume[/]")
         raise typer.Exit(130) from None
@@ -91,9 +96,7 @@ def load_config(name: str, model_cls: type, config: Path, overrides: list[str] |
     try:
         return load(model_cls, config, overrides)
     except ConfigError as exc:
-        console.print(f"[bold red]reasoner {name}: error[/]")
-        console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(name, str(exc))
 
 
 def summary(title: str, rows: list[tuple[str, Any]]) -> None:
@@ -150,9 +153,7 @@ def model_import(
     from reasoner import models
 
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        console.print(f"[bold red]reasoner model import: error[/]\n--dtype {dtype!r}: choose "
-                      "auto, float32, bfloat16 or float16")
-        raise typer.Exit(2)
+        fail("model import", f"--dtype {dtype!r}: choose auto, float32, bfloat16 or float16")
     info = run_stage("model import", lambda: models.import_model(
         source, output_dir, gguf_file, dtype, overwrite, trust_remote_code))
     described = models.describe(info["folder"])

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from reasoner.cli import OverridesArg, app, console, load_config, run_stage, summary
+from reasoner.cli import OverridesArg, app, fail, load_config, run_stage, summary
 from reasoner.config import EvalConfig
 
 eval_app = typer.Typer(help="Evaluate models: AIME, any benchmark file, comparisons.",
@@ -75,11 +75,9 @@ def eval_aime(
 
     years = ["2024", "2025"] if year == "all" else [year]
     if any(y not in AIME for y in years):
-        console.print(f"[bold red]reasoner eval aime: error[/]\n--year must be 2024, 2025 or all, not {year}")
-        raise typer.Exit(2)
+        fail("eval aime", f"--year must be 2024, 2025 or all, not {year}")
     if data and len(data) != len(years):
-        console.print("[bold red]reasoner eval aime: error[/]\ngive one --data file per year")
-        raise typer.Exit(2)
+        fail("eval aime", "give one --data file per year")
     for i, y in enumerate(years):
         sources = [local(data[i])] if data else AIME[y]
         sub = (out / AIME_NAMES[y]) if out and len(years) > 1 else out

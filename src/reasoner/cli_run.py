@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from reasoner.cli import USER_ERRORS, OverridesArg, app, console, run_stage
+from reasoner.cli import USER_ERRORS, OverridesArg, app, console, fail, run_stage
 
 
 @app.command("run")
@@ -35,16 +35,11 @@ def run_recipe(
         try:
             bad = plan.check_before_run(recipe, overrides or [])
         except USER_ERRORS as exc:
-            console.print(f"[bold red]reasoner run: error[/]\n{exc}")
-            raise typer.Exit(2) from None
+            fail("run", str(exc))
         if bad:
-            console.print("[bold red]reasoner run: error[/]")
-            for p in bad:
-                console.print(f"stage {p.name}: needs {p.need_gib:.1f} GiB per device, has "
-                              f"{p.have_gib:.1f}: {p.verdict}", markup=False, soft_wrap=True)
-            console.print(f"see `reasoner plan {recipe}`; --no-plan runs anyway", markup=False,
-                          soft_wrap=True)
-            raise typer.Exit(2)
+            fail("run", "\n".join([f"stage {p.name}: needs {p.need_gib:.1f} GiB per device, has "
+                                   f"{p.have_gib:.1f}: {p.verdict}" for p in bad]
+                                  + [f"see `reasoner plan {recipe}`; --no-plan runs anyway"]))
 
     def go() -> list:
         cfg = load_recipe(recipe, overrides or [])
@@ -81,9 +76,7 @@ def plan_recipe(
     from reasoner import plan
 
     if kind not in ("gpu", "npu") or layout not in ("fsdp", "mindspeed"):
-        console.print("[bold red]reasoner plan: error[/]\n--kind is gpu or npu; --layout is "
-                      "fsdp or mindspeed")
-        raise typer.Exit(2)
+        fail("plan", "--kind is gpu or npu; --layout is fsdp or mindspeed")
     plans = run_stage("plan", lambda: plan.plan_recipe(recipe, devices, mem, kind, mfu,
                                                        overrides, layout, tp, pp))
     table = Table(title=f"reasoner plan {recipe}: {devices} x {mem:g} GiB {kind}, training "
