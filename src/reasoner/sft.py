@@ -30,6 +30,7 @@ from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
 from reasoner.records import SFTExample
+from reasoner.runlog import progress_bar
 
 
 @dataclass
@@ -102,7 +103,6 @@ def tokenize(cfg: SFTConfig, tokenizer: Any, dist: dev.DistInfo | None = None,
              progress: bool = False) -> Tokenized:
     """Render + tokenize every example once into the Arrow cache (streamed: memory stays flat
     however large the data); later calls and the other ranks map the file."""
-    from reasoner.runlog import progress_bar
 
     def build(path: Path) -> None:
         pairs = (render_sft(r, cfg.template, tokenizer)

@@ -20,6 +20,7 @@ from reasoner.data.template import render_prompt
 from reasoner.errors import DataError, InputError
 from reasoner.infer.base import Completion, Generator, Request, sample_seed
 from reasoner.records import Problem, Sample
+from reasoner.runlog import progress_bar
 
 
 def pick_backend(backend: str) -> str:
@@ -113,7 +114,6 @@ def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], ou
               shard: int, stats: dict, progress: bool) -> None:
     """Every sample of `todo` into this shard's part, each written as soon as it is finished
     (the backend streams them), so a crash loses only the samples still being decoded."""
-    from reasoner.runlog import progress_bar
 
     tok = gen.tokenizer
     window = cfg.max_model_len or gen.context_window

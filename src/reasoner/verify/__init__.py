@@ -21,6 +21,7 @@ from reasoner.config import VerifyConfig, dump
 from reasoner.data.template import think_span
 from reasoner.errors import ShardError
 from reasoner.records import Sample, Verified
+from reasoner.runlog import progress_bar
 from reasoner.verify import decontam, filters
 from reasoner.verify.extract import extract_answer
 
@@ -40,7 +41,6 @@ def _judge_verdict(v: int | None) -> str:
 
 def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress: bool) -> int:
     """Append a verdict row per sample not yet in `out/verdicts` (resumable); return how many."""
-    from reasoner.runlog import progress_bar
     from reasoner.verify.rules import VerifierPool
 
     folder = out / VERDICTS
