@@ -19,7 +19,7 @@ import sys
 CHILD = r"""
 import json, sys, time, torch
 from reasoner.device import peak_rss_bytes
-from reasoner.logprobs import token_logprobs
+from reasoner.models.logprobs import token_logprobs
 N, V, H, chunk = map(int, sys.argv[1:5])
 torch.manual_seed(0)
 h = torch.randn(N, H, requires_grad=True); w = (torch.randn(V, H) * 0.02).requires_grad_()

@@ -31,19 +31,19 @@ def build_checkpoint(folder: Path, layers: int, tied: bool = True) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from reasoner import models
     from reasoner.config import TemplateConfig
+    from reasoner.models import tiny
 
     if (folder / "config.json").exists():
         return
     torch.manual_seed(0)
-    tok = models.build_tokenizer(models.default_corpus(n=300), 2000, TemplateConfig())
+    tok = tiny.build_tokenizer(tiny.default_corpus(n=300), 2000, TemplateConfig())
     config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                          max_position_embeddings=4096, tie_word_embeddings=tied,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model = Qwen2ForCausalLM(config)
-    model.generation_config = models.generation_config(tok)
+    model.generation_config = tiny.generation_config(tok)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
 
@@ -90,7 +90,9 @@ class PhaseTrace:
     def install(self) -> None:
         import torch
 
-        from reasoner import checkpoints, logprobs, sft, training
+        from reasoner import sft, training
+        from reasoner.models import logprobs
+        from reasoner.training import checkpoints
 
         self.wrap(training, "load_policy", "load")
         self.wrap(training, "start", "optimizer+state setup")
@@ -175,7 +177,7 @@ def main() -> None:
     runs = {n: measure(n, model, data, a.out, a.overrides, a.trace) for n in (1, 2)}
     one = [r["peak_gib"] for r in runs[1]]
     two = [r["peak_gib"] for r in runs[2]]
-    from reasoner import plan
+    from reasoner.pipeline import memory as plan
 
     predicted = {n: plan.host_peak_gib(model, n, seq_len=256, micro_batch=1,
                                        gradient_checkpointing=True) for n in (1, 2)}

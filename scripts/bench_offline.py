@@ -20,11 +20,12 @@ import random
 import shutil
 from pathlib import Path
 
-from reasoner import schedule, shards, train_offline
+from reasoner import shards, train_offline
 from reasoner.config import OfflineConfig, TinyConfig, TinyModelConfig
 from reasoner.data import packing
 from reasoner.models import build_tiny, load_tokenizer
 from reasoner.records import Verified
+from reasoner.training import schedule
 
 
 def heavy_tailed_rollouts(out: Path, tokenizer, samples: int, seed: int, max_len: int) -> list[int]:

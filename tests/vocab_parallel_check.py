@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from reasoner import vocab_parallel
-from reasoner.logprobs import PolicyLogprobs
-from reasoner.sharded import shard_modules
+from reasoner.models import vocab_parallel
+from reasoner.models.fsdp import shard_modules
+from reasoner.models.logprobs import PolicyLogprobs
 
 VOCAB, PAD = 101, 0  # odd: the two processes hold 51 and 50 rows
 

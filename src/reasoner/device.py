@@ -28,6 +28,17 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def local_devices() -> tuple[str, int, float] | None:
+    """(kind, count, GiB each) of this machine's GPUs or NPUs; None on a CPU-only machine."""
+    if cuda_available():
+        n = torch.cuda.device_count()
+        return "gpu", n, torch.cuda.get_device_properties(0).total_memory / 2**30
+    if npu_available():
+        n = torch.npu.device_count()
+        return "npu", n, torch.npu.get_device_properties(0).total_memory / 2**30
+    return None
+
+
 def pick_device(preference: str = "auto", local_rank: int | None = None) -> torch.device:
     """`auto` -> cuda, then npu, then cpu; an explicit choice that is absent is an error."""
     if local_rank is None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reasoner import __version__, models, schedule, shards, training
+from reasoner import __version__, models, shards, training
 from reasoner import device as dev
 from reasoner.config import SFTConfig, dump
 from reasoner.data import packing, sources, token_cache
@@ -31,6 +31,7 @@ from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
 from reasoner.records import SFTExample
 from reasoner.runlog import progress_bar
+from reasoner.training import schedule
 
 
 @dataclass
@@ -83,17 +84,10 @@ class _Kept:
         return (self[i] for i in range(len(self)))
 
 
-def _tokenizer_fingerprint(tokenizer: Any) -> str:
-    h = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode())
-    h.update(str(getattr(tokenizer, "chat_template", "")).encode())
-    h.update(str(tokenizer.eos_token).encode())
-    return h.hexdigest()[:16]
-
-
 def cache_path(cfg: SFTConfig, tokenizer: Any) -> Path:
     """The token cache of (data content, tokenizer, template, code version)."""
     key = hashlib.sha256("|".join([
-        sources.fingerprint(cfg.data), _tokenizer_fingerprint(tokenizer),
+        sources.fingerprint(cfg.data), token_cache.tokenizer_fingerprint(tokenizer),
         json.dumps(cfg.template.model_dump(), sort_keys=True), __version__,
     ]).encode()).hexdigest()[:20]
     return Path(cfg.cache_dir or Path(cfg.output_dir) / "token_cache") / f"sft-{key}.arrow"
@@ -180,7 +174,7 @@ def run(cfg: SFTConfig) -> Path:
     out = Path(cfg.output_dir)
     if shards.finished(out, dump(cfg)):
         return out / "final"
-    env = device, dist, dtype = training.setup(cfg)
+    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
     rows = plan_rows(data, cfg)
@@ -188,34 +182,36 @@ def run(cfg: SFTConfig) -> Path:
     attn = cfg.model.attn_implementation or (
         "flash_attention_2" if dev.flash_attention_available(device) and cfg.packing else "sdpa")
     varlen = attn == "flash_attention_2"
-    ckpt = training.resume_point(cfg)
-    loaded = training.load_policy(cfg, ckpt or cfg.model.name_or_path, env, attn=attn)
-    run = training.start(cfg, "sft", env, tokenizer, loaded, schedule.total_steps(len(rows), cfg.run),
-                         ckpt, {"model": cfg.model.name_or_path, "data": cfg.data.path})
+    ckpt = training.resume_point(out, cfg.run)
+    loaded = training.load_policy(cfg.model, ckpt or cfg.model.name_or_path, env,
+                                  cfg.run.logprob_chunk, attn=attn)
+    trainer = training.start(cfg, "sft", env, tokenizer, loaded,
+                             schedule.total_steps(len(rows), cfg.run), ckpt,
+                             {"model": cfg.model.name_or_path, "data": cfg.data.path})
     pad = tokenizer.pad_token_id
     per_epoch = schedule.steps_per_epoch(len(rows), cfg.run.global_batch)
     last: dict[str, float] = {}
-    with training.progress(run, "sft"):
-        for step in range(run.start, run.total):
+    with training.progress(trainer, "sft"):
+        for step in range(trainer.start, trainer.total):
             step_rows = schedule.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed, step)
             denom = sum(data.targets(i) for r in step_rows for i in rows[r])
             mbs = micro_batches(step_rows, cfg, dist, lengths)
             m = training.accumulate(
-                run, mbs, lambda mb, scale, denom=denom: step_loss(
-                    run.policy, collate(data, [rows[r] for r in mb], cfg, pad, varlen), denom,
+                trainer, mbs, lambda mb, scale, denom=denom: step_loss(
+                    trainer.policy, collate(data, [rows[r] for r in mb], cfg, pad, varlen), denom,
                     scale, device, dtype),
                 dummy=step_rows[:1])
             loss = m["nll"] / denom
-            last = {"loss": loss, **training.optimizer_step(run, loss, step)}
-            run.tokens += m["real"]
-            last = training.end_step(run, step, {
+            last = {"loss": loss, **training.optimizer_step(trainer, loss, step)}
+            trainer.tokens += m["real"]
+            last = training.end_step(trainer, step, {
                 **last, "packing_efficiency": m["real"] / m["slots"],
                 "epoch": (step + 1) / per_epoch, "response_tokens": denom},
-                info=f"loss {loss:.4f}  {run.tokens / max(run.timer.elapsed(), 1e-9):,.0f} tok/s")
-    return training.finish(run, {
+                info=f"loss {loss:.4f}  {trainer.tokens / max(trainer.timer.elapsed(), 1e-9):,.0f} tok/s")
+    return training.finish(trainer, {
         "examples": len(data.ids), "dropped_over_max_tokens": data.dropped, "rows": len(rows),
         "packing_efficiency": packing.efficiency(
             data.lengths, rows, cfg.seq_len)
         if cfg.packing else None,
-        "tokens_this_run": int(run.tokens), "final_loss": last.get("loss"),
+        "tokens_this_run": int(trainer.tokens), "final_loss": last.get("loss"),
         "token_cache_hit": data.cache_hit})

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from reasoner import pipeline
 from reasoner.cli import app
-from reasoner.stages import load_recipe
+from reasoner.pipeline import run as pipeline
+from reasoner.pipeline.recipe import load_recipe
 
 CONFIGS = {
     "data_synth.yaml": {"output_dir": "x", "num_train": 30, "num_test": 6, "seed": 0},
@@ -66,7 +66,7 @@ def write_recipe(root: Path, **changes) -> Path:
     return path
 
 
-def go(path: Path, *overrides: str, **kw) -> list[pipeline.Stage]:
+def go(path: Path, *overrides: str, **kw) -> list[pipeline.StageRun]:
     return pipeline.run(load_recipe(path, list(overrides)), path.parent, echo=lambda _: None,
                         **kw)
 
@@ -150,15 +150,15 @@ def test_recipe_errors(tmp_path):
     bad = recipe.model_copy(deep=True)
     bad.stages[2].set = {"data.path": "{nowhere}/sft"}
     with pytest.raises(pipeline.ConfigError, match=r"\{nowhere\} names no earlier stage"):
-        pipeline.plan(bad, tmp_path)
+        pipeline.resolve(bad, tmp_path)
     bad = recipe.model_copy(deep=True)
     bad.stages[1].set = {"corpus": ["{policy}"]}
     with pytest.raises(pipeline.ConfigError, match="needs an sft or train-offline stage before it, or the recipe.s start_model"):
-        pipeline.plan(bad, tmp_path)
+        pipeline.resolve(bad, tmp_path)
     bad = recipe.model_copy(deep=True)
     bad.stages[5].name = "samples"
     with pytest.raises(pipeline.ConfigError, match="unique"):
-        pipeline.plan(bad, tmp_path)
+        pipeline.resolve(bad, tmp_path)
     with pytest.raises(pipeline.ConfigError, match="--from nope"):
         go(path, start="nope", dry_run=True)
     with pytest.raises(ValueError, match="not finished"):
@@ -167,7 +167,7 @@ def test_recipe_errors(tmp_path):
 
 def test_recipe_seed_shifts_every_seed(tmp_path):
     path = write_recipe(tmp_path)
-    stages = pipeline.plan(load_recipe(path, ["seed=5"]), tmp_path)
+    stages = pipeline.resolve(load_recipe(path, ["seed=5"]), tmp_path)
     by = {s.name: s.config for s in stages}
     assert by["data"].seed == 5 and by["init"].model.seed == 5 and by["sft"].run.seed == 5
     assert by["samples"].sampling.seed == 5 and by["eval-rl"].seed == 5
@@ -186,12 +186,12 @@ def test_extends_takes_the_base_stages_up_to_a_name(tmp_path):
                    {"name": "eval-rft", "command": "eval", "config": "../eval.yaml", "repeat": True,
                     "set": {"model.name_or_path": "{policy}", "data": [{"path": "{data}/test_problems"}]}}]}))
     recipe = load_recipe(sub / "rft.yaml", ["rounds=2"])
-    stages = pipeline.plan(recipe, sub)
+    stages = pipeline.resolve(recipe, sub)
     assert [s.name for s in stages] == ["data", "init", "sft", "eval-sft", "samples", "verified",
                                         "rl-rft", "eval-rft", "samples-r2", "verified-r2", "rl-rft-r2",
                                         "eval-rft-r2"]
     assert recipe.run_dir == tmp_path / "run" and recipe.seed == 2  # base's run_dir, own seed
-    base = pipeline.plan(load_recipe(tmp_path / "recipe.yaml", ["seed=2"]), tmp_path)
+    base = pipeline.resolve(load_recipe(tmp_path / "recipe.yaml", ["seed=2"]), tmp_path)
     assert [s.chain for s in stages[:6]] == [s.chain for s in base[:6]]  # shared stages are skipped
     assert stages[6].config.objective.name == "rft"
     (sub / "loop.yaml").write_text(yaml.safe_dump({"extends": "loop.yaml", "stages": []}))

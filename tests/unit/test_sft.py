@@ -3,7 +3,7 @@ import torch
 from reasoner import device as dev
 from reasoner import sft
 from reasoner.config import SFTConfig
-from reasoner.logprobs import PolicyLogprobs
+from reasoner.models.logprobs import PolicyLogprobs
 
 
 def config(synth_dir, model_dir, out, **kw) -> SFTConfig:

@@ -1,9 +1,11 @@
 import pytest
 import torch
 
-from reasoner import reference, shards
+from reasoner import shards
 from reasoner import train_offline as T
 from reasoner.config import OfflineConfig
+from reasoner.rl import reference
+from reasoner.rl.objectives import Norm, sample_signal, token_scope
 
 
 def cfg_for(model_dir, verified, out, **kw):
@@ -18,8 +20,8 @@ def grads_for(cfg, model_dir, cut):
     """Gradient of one global batch of all samples, micro-batches as `cut` says."""
     from transformers import AutoModelForCausalLM
 
-    from reasoner.logprobs import PolicyLogprobs
     from reasoner.models import load_tokenizer
+    from reasoner.models.logprobs import PolicyLogprobs
 
     tok = load_tokenizer(str(model_dir))
     data = T.load_rollouts(cfg, tok)
@@ -27,12 +29,13 @@ def grads_for(cfg, model_dir, cut):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     policy = PolicyLogprobs(model, 64)
     lp = data.old_logp
-    ctx = T.Ctx(cfg, data, T.sample_signal(obj, data).double(), T.token_scope(data, obj), lp, lp,
+    ctx = T.Ctx(obj, T.Rows.of(cfg), cfg.run.global_batch, cfg.run.seed, data,
+                sample_signal(obj, data).double(), token_scope(data, obj), lp, lp,
                 tok.pad_token_id, torch.device("cpu"), torch.float64)
     idx = list(range(len(data.ids)))
-    norm = T.Norm(len(idx), sum(data.resp_len(i) for i in idx),
+    norm = Norm(len(idx), sum(data.resp_len(i) for i in idx),
                   sum(data.resp_len(i) for i in idx if data.rewards[i] > 0))
-    mbs = T.micro_batches(idx, data, cfg)
+    mbs = T.micro_batches(idx, data, T.Rows.of(cfg))
     rows = [r for mb in mbs for r in mb]
     for chunk in cut(rows):
         T.micro_loss(ctx, policy, chunk, norm, 1.0)
@@ -133,30 +136,6 @@ def test_validation_triggered_reset(tmp_path, tiny_model_dir, verified_dir):
     assert not set(train) & set(val) and len(train) + len(val) == counts["samples"]
 
 
-def test_behaviour_logprobs_are_recomputed_unless_sampled_as_scored():
-    """Stored log-probs are of logits/T after top-k/top-p; the policy is scored at
-    logprob_temperature over the whole vocabulary: only a match gives ratio 1 at theta_old."""
-    from types import SimpleNamespace
-
-    from reasoner.config import DAPOObjective, PCLObjective
-    from reasoner.sft import TrainingError
-
-    stored = SimpleNamespace(old_logp=[[-0.1]], keys=[("p", 0)])
-    plain = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    truncated = {"temperature": 0.6, "top_k": 40, "top_p": 0.95}
-    assert T.needs(DAPOObjective(), stored, plain)[1:] == (False, "stored by infer")
-    ref, recompute, why = T.needs(DAPOObjective(), stored, truncated)
-    assert recompute and "temperature 0.6" in why and "top_k 40" in why
-    assert T.needs(DAPOObjective(), stored, None)[1]  # settings unknown: recompute
-    at_06 = DAPOObjective(logprob_temperature=0.6, old_logprobs="samples")
-    assert T.needs(at_06, stored, truncated)[1:] == (
-        False, "stored by infer (sampled with top_k 40 / top_p 0.95, which truncate the "
-        "distribution: the ratio is below 1 at theta_old)")
-    with pytest.raises(TrainingError, match="logprob_temperature=0.6"):
-        T.needs(DAPOObjective(old_logprobs="samples"), stored, truncated)
-    assert T.needs(PCLObjective(), stored, truncated) == (False, False, "not used")
-
-
 def test_rollouts_are_memory_mapped_once_and_match_the_shard(tmp_path, tiny_model_dir, verified_dir):
     """Token ids and behaviour log-probs live in an Arrow file mapped from disk (not Python
     lists of every token), written once and reread while the Verified shard is unchanged."""
@@ -235,7 +214,7 @@ def test_reference_model_anchors_the_kl_and_nothing_else(tmp_path, tiny_model_di
     def ctx_of(model, out, **kw):
         cfg = cfg_for(model, verified_dir, out, objective=obj, **kw)
         data = T.load_rollouts(cfg, tok)
-        return T.prepare(cfg, training.setup(cfg), tok, data)[0], data
+        return T.prepare(cfg, training.setup(cfg.model, cfg.run.seed), tok, data)[0], data
 
     anchored, data = ctx_of(tiny_model_dir, tmp_path / "a", reference=str(other))
     plain, _ = ctx_of(tiny_model_dir, tmp_path / "p")

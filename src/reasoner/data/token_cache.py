@@ -14,16 +14,27 @@ that do not each get their own copy.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from reasoner import device as dev
 
 BATCH = 512  # examples rendered and tokenized per call of the (fast, batched) tokenizer
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """What makes a tokenizer's ids: its vocabulary and rules, chat template and end of text (a
+    cache keyed by it is rebuilt when any of them changes)."""
+    h = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode())
+    h.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    h.update(str(tokenizer.eos_token).encode())
+    return h.hexdigest()[:16]
 
 
 def open_table(path: Path):

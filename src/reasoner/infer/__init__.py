@@ -19,38 +19,22 @@ from reasoner.data import sources
 from reasoner.data.template import render_prompt
 from reasoner.errors import DataError, InputError
 from reasoner.infer.base import Completion, Generator, Request, sample_seed
+from reasoner.infer.engines import local_generator
 from reasoner.records import Problem, Sample
 from reasoner.runlog import progress_bar
-
-
-def pick_backend(backend: str) -> str:
-    """`auto` -> vllm when it is installed and a GPU or NPU is present, else hf."""
-    if backend != "auto":
-        return backend
-    from importlib.util import find_spec
-
-    from reasoner import device as dev
-
-    return "vllm" if find_spec("vllm") and (dev.cuda_available() or dev.npu_available()) else "hf"
 
 
 def make_generator(model: ModelConfig, backend: str, engine: VLLMConfig,
                    max_model_len: int | None = None, seed: int = 0, logprobs: bool = False,
                    batch_size: int = 64, ray: RayConfig | None = None) -> Generator:
-    """A generator for `model` on `backend` (auto resolved here); infer, eval and the judge
-    each build theirs from their own config. With `ray.workers`, the engines live on Ray
-    actors and this is the driver's handle to them."""
+    """A generator for `model` on `backend` (auto resolved where the engine runs); infer, eval
+    and the judge each build theirs from their own config. With `ray.workers`, the engines live
+    on Ray actors and this is the driver's handle to them."""
     if ray is not None and ray.workers > 0:
         from reasoner.infer.raygen import RayGenerator
 
         return RayGenerator(ray, model, backend, engine, max_model_len, seed, logprobs, batch_size)
-    if pick_backend(backend) == "vllm":
-        from reasoner.infer.vllm import VLLMGenerator
-
-        return VLLMGenerator(model, engine, max_model_len, seed, logprobs)
-    from reasoner.infer.hf import HFGenerator
-
-    return HFGenerator(model, batch_size)
+    return local_generator(model, backend, engine, max_model_len, seed, logprobs, batch_size)
 
 
 def load_problems(cfg: InferConfig) -> list[dict]:

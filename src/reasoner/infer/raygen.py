@@ -24,10 +24,10 @@ class EngineActor:
     def __init__(self, build: dict, threads: int):
         import torch
 
-        from reasoner.infer import make_generator
+        from reasoner.infer.engines import local_generator
 
         torch.set_num_threads(threads)  # the CPUs Ray gave this actor, not the whole node's
-        self.gen = make_generator(**build)
+        self.gen = local_generator(**build)
 
     def context_window(self) -> int:
         return self.gen.context_window

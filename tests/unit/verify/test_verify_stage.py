@@ -40,8 +40,10 @@ def test_resume_does_not_reverify_finished_samples(tmp_path, samples):
         key = (p["id"], p["sample_idx"])
         assert verdicts[key]["rule_verdict"] == "correct"  # kept, not recomputed
         assert got[key]["extracted"] == p["extracted"]
-        # these samples were cut at max_tokens: the truncation filter makes them negatives
-        assert got[key]["finish_reason"] != "length" or got[key]["verdict"] == "no_answer"
+        # a planted 'correct' that was cut at max_tokens is no finished answer: the truncation
+        # filter makes it a negative; one that stopped keeps its verdict
+        expected = ("correct", 1.0) if got[key]["finish_reason"] == "stop" else ("no_answer", -1.0)
+        assert (got[key]["verdict"], got[key]["reward"]) == expected
     assert sum(v["rule_verdict"] == "correct" for v in verdicts.values()) == 2
 
 
@@ -60,9 +62,16 @@ def test_filter_change_reuses_verdicts_and_rows_are_complete(tmp_path, samples):
     rows = list(shards.iter_rows(cfg(samples, out).output_dir))
     assert rows == []
     verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    from reasoner.config import TemplateConfig
+    from reasoner.data.template import think_span
+    from reasoner.models import load_tokenizer
+
+    tok = load_tokenizer(next(shards.iter_rows(samples))["model"])
     for r in shards.iter_rows(out):
         assert r["group_size"] == 3 and r["group_accuracy"] == 0.0 and r["reward"] == -1.0
-        assert r["reasoning_tokens"] >= 0 and r["verifier"] == "rule"
+        think = think_span(r["response"], TemplateConfig())
+        assert r["reasoning_tokens"] == len(tok(think, add_special_tokens=False)["input_ids"])
+        assert r["verifier"] == "rule"
 
 
 def test_incomplete_input_is_refused(tmp_path, samples):

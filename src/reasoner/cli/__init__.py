@@ -1,0 +1,64 @@
+"""The `reasoner` command line: the app, built here from the command modules.
+
+Each command loads its config + overrides and calls a stage's `run(cfg)`. The command modules
+(stage_commands.py, eval_commands.py, recipe_commands.py, export_commands.py) import their
+shared helpers from common.py and never this module, which imports them: the app sits at the
+top, as torchtune's `_cli` does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from reasoner import __version__
+from reasoner.cli import eval_commands, export_commands, recipe_commands, stage_commands
+from reasoner.config import SFTConfig
+from reasoner.pipeline.recipe import RecipeConfig
+from reasoner.pipeline.registry import command_configs
+
+app = typer.Typer(
+    name="reasoner",
+    help="Train LLMs to reason about math with offline RL: "
+    "sft -> infer -> verify -> train-offline -> eval.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Which config model each command reads (tests load every shipped YAML through this).
+CONFIG_MODELS: dict[str, type] = {**command_configs(), "run": RecipeConfig,
+                                   "export mindspeed": SFTConfig}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"reasoner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """reasoner: offline-RL pipeline for math reasoning LLMs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars and summaries speak instead
+
+
+app.add_typer(stage_commands.data_app, name="data")
+app.add_typer(stage_commands.model_app, name="model")
+for _name, _command in [("sft", stage_commands.sft), ("infer", stage_commands.infer),
+                        ("verify", stage_commands.verify), ("explain", stage_commands.explain),
+                        ("train-offline", stage_commands.train_offline)]:
+    app.command(_name)(_command)
+app.add_typer(export_commands.export_app, name="export")
+app.add_typer(eval_commands.eval_app, name="eval")
+app.command("run")(recipe_commands.run_recipe)
+app.command("plan")(recipe_commands.plan_recipe)
+
+if __name__ == "__main__":
+    app()

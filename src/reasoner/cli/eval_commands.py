@@ -1,0 +1,118 @@
+"""`reasoner eval aime | bench | compare`: the evaluation commands of the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from reasoner.cli.common import OverridesArg, fail, load_config, run_stage, summary
+from reasoner.config import EvalConfig
+
+eval_app = typer.Typer(help="Evaluate models: AIME, any benchmark file, comparisons.",
+                       no_args_is_help=True)
+
+TargetArg = Annotated[str, typer.Argument(help="model (HF id or folder) or an eval config (YAML)",
+                                          show_default=False)]
+
+
+def _eval_config(target: str, benchmark: str | None, data: list, out: Path | None,
+                 overrides: list[str] | None, explicit: bool = True) -> EvalConfig:
+    """An EvalConfig from a YAML file, or from the recipe defaults plus a model id/folder.
+
+    `data` replaces the config's sources when `explicit` (given with --data), else fills them
+    only when the config names none.
+    """
+    overrides = list(overrides or [])
+    if target.endswith((".yaml", ".yml")):
+        path: Path | None = Path(target)
+    else:
+        path = None
+        name = Path(target.rstrip("/")).name or target
+        overrides = [f"model.name_or_path={target}",
+                     f"output_dir={out or Path('runs/eval') / benchmark / name}", *overrides]
+    if benchmark is not None:  # else the YAML's own benchmark name stands
+        overrides.append(f"benchmark={benchmark}")
+    cfg = load_config("eval", EvalConfig, path, overrides)
+    if data and (explicit or not cfg.data):
+        cfg.data = data
+    if out is not None:
+        cfg.output_dir = out
+    return cfg
+
+
+def _eval_summary(out: Path) -> None:
+    import json
+
+    r = json.loads((out / "report.json").read_text())
+    lo, hi = r["pass@1_ci95"]
+    rows = [("benchmark", f"{r['benchmark']}: {r['problems']} problems x {r['k']} samples"),
+            (f"pass@1 (avg@{r['k']})", f"{100 * r['pass@1']:.1f}%  (95% CI {100 * lo:.1f}-{100 * hi:.1f})")]
+    rows += [(f"pass@{k}", f"{100 * v:.1f}%") for k, v in r["pass@k"].items() if k != "1"]
+    rows += [(f"maj@{r['k']}", f"{100 * r['maj@k']:.1f}%"),
+             ("response tokens", f"mean {r['mean_response_tokens']:.0f}, median "
+                                 f"{r['median_response_tokens']:.0f}"),
+             ("truncated", f"{100 * r['truncation_rate']:.1f}%"),
+             ("report", f"{out / 'report.md'}"),
+             ("plots", r["plots"] if isinstance(r["plots"], str) else ", ".join(r["plots"]))]
+    summary(f"eval {r['benchmark']}", rows)
+
+
+@eval_app.command("aime")
+def eval_aime(
+    target: TargetArg,
+    overrides: OverridesArg = None,
+    year: Annotated[str, typer.Option("--year", help="2024, 2025 or all")] = "all",
+    data: Annotated[list[Path] | None, typer.Option(
+        "--data", help="local AIME file(s) instead of the hub (one per year, in order)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
+) -> None:
+    """AIME 2024 / 2025 (30 problems each): avg@k, pass@k, maj@k, lengths, plots."""
+    from reasoner import eval as stage
+    from reasoner.eval.benchmarks import AIME, AIME_NAMES, local
+
+    years = ["2024", "2025"] if year == "all" else [year]
+    if any(y not in AIME for y in years):
+        fail("eval aime", f"--year must be 2024, 2025 or all, not {year}")
+    if data and len(data) != len(years):
+        fail("eval aime", "give one --data file per year")
+    for i, y in enumerate(years):
+        sources = [local(data[i])] if data else AIME[y]
+        sub = (out / AIME_NAMES[y]) if out and len(years) > 1 else out
+        cfg = _eval_config(target, AIME_NAMES[y], sources, sub, overrides, explicit=bool(data))
+        result = run_stage(f"eval aime {y}", lambda cfg=cfg: stage.run(cfg))
+        _eval_summary(result)
+
+
+@eval_app.command("bench")
+def eval_bench(
+    target: TargetArg,
+    overrides: OverridesArg = None,
+    data: Annotated[list[Path] | None, typer.Option("--data", help="problem file(s)")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="benchmark name in reports")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
+) -> None:
+    """Any problem file (GSM8K, AMC, Minerva, the synthetic test split), same metrics."""
+    from reasoner import eval as stage
+    from reasoner.eval.benchmarks import local
+
+    sources = [local(d) for d in data or []]
+    bench = name
+    if bench is None and not target.endswith((".yaml", ".yml")):
+        bench = Path(data[0]).stem if data else "bench"
+    cfg = _eval_config(target, bench, sources, out, overrides)
+    result = run_stage("eval bench", lambda: stage.run(cfg))
+    _eval_summary(result)
+
+
+@eval_app.command("compare")
+def eval_compare(
+    reports: Annotated[list[Path], typer.Argument(help="eval folders or report.json files")],
+    out: Annotated[Path | None, typer.Option("--out", help="write compare.md/json/png here")] = None,
+) -> None:
+    """Reports side by side, differences vs the first, paired-bootstrap significance."""
+    from reasoner.eval.report import compare
+
+    result = run_stage("eval compare", lambda: compare(reports, out))
+    typer.echo(result["markdown"])

@@ -1,0 +1,193 @@
+"""One stage's commands: `data synth`, `model tiny | import`, `sft`, `infer`, `verify`,
+`explain`, `train-offline`. Each loads its config and overrides, calls the stage's `run(cfg)`
+and prints a summary; cli/__init__.py registers them on the app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from reasoner.cli.common import (
+    ConfigArg,
+    OverridesArg,
+    fail,
+    is_main,
+    load_config,
+    run_stage,
+    summary,
+)
+from reasoner.config import (
+    InferConfig,
+    OfflineConfig,
+    SFTConfig,
+    SynthConfig,
+    TinyConfig,
+    VerifyConfig,
+    load,
+)
+
+data_app = typer.Typer(help="Make and inspect datasets.", no_args_is_help=True)
+model_app = typer.Typer(help="Build or import models.", no_args_is_help=True)
+
+
+@data_app.command("synth")
+def data_synth(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Write synthetic arithmetic word problems (train/test) and an SFT shard."""
+    from reasoner import shards
+    from reasoner.data import synthetic
+
+    def go() -> dict[str, Path]:
+        return synthetic.run(load(SynthConfig, config, overrides))
+
+    folders = run_stage("data synth", go)
+    rows = []
+    for name, folder in folders.items():
+        counts = (shards.read_manifest(folder) or {}).get("counts", {})
+        rows.append((name, f"{folder}  {', '.join(f'{k}={v}' for k, v in counts.items())}"))
+    summary("data synth", rows)
+
+
+@model_app.command("tiny")
+def model_tiny(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Build a tiny Qwen2 model + BPE tokenizer from scratch as an HF folder."""
+    from reasoner import models
+
+    out = run_stage("model tiny", lambda: models.build_tiny(load(TinyConfig, config, overrides)))
+    info = models.describe(out)
+    summary("model tiny", [
+        ("folder", out),
+        ("architecture", f"{info['architecture']}, {info['layers']} layers, hidden "
+                         f"{info['hidden_size']}, vocab {info['vocab_size']}"),
+        ("parameters", f"{info['parameters']:,}"),
+    ])
+
+
+@model_app.command("import")
+def model_import(
+    source: Annotated[str, typer.Argument(help="a .gguf file, a model folder or an HF hub id",
+                                          show_default=False)],
+    output_dir: Annotated[Path, typer.Argument(help="folder to write", show_default=False)],
+    gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside SOURCE")] = None,
+    dtype: Annotated[str, typer.Option(help="auto (GGUF: float32), float32, bfloat16, float16")
+                     ] = "auto",
+    overwrite: Annotated[bool, typer.Option(help="replace a model already in OUTPUT_DIR")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(help="allow the model's own code")] = False,
+) -> None:
+    """Write a GGUF file or any HF model as a plain safetensors folder every stage loads."""
+    from reasoner import models
+
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        fail("model import", f"--dtype {dtype!r}: choose auto, float32, bfloat16 or float16")
+    info = run_stage("model import", lambda: models.import_model(
+        source, output_dir, gguf_file, dtype, overwrite, trust_remote_code))
+    described = models.describe(info["folder"])
+    summary("model import", [
+        ("folder", info["folder"]), ("from", f"{source}" + (f" ({info['gguf_file']})"
+                                                          if info["gguf_file"] else "")),
+        ("architecture", f"{described['architecture']}, {described['layers']} layers, hidden "
+                         f"{described['hidden_size']}, vocab {described['vocab_size']}"),
+        ("parameters", f"{info['parameters']:,} ({info['dtype']})"),
+        ("stops on", info["stop_token_ids"]),
+    ])
+
+
+def _train(name: str, model_cls: type, module: str, config: Path,
+           overrides: list[str] | None) -> None:
+    """sft and train-offline: run the trainer, then (rank 0) the counts of its manifest."""
+    import importlib
+
+    from reasoner import shards
+
+    cfg = load_config(name, model_cls, config, overrides)
+    final = run_stage(name, lambda: importlib.import_module(module).run(cfg))
+    counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
+    if is_main():
+        summary(name, [(k.replace("_", " "), v) for k, v in counts.items()] or [("model", final)])
+
+
+def sft(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Supervised fine-tuning with sequence packing; loss on response tokens only."""
+    _train("sft", SFTConfig, "reasoner.sft", config, overrides)
+
+
+def infer(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    shard: Annotated[int, typer.Option("--shard", help="this worker's shard index")] = 0,
+    num_shards: Annotated[int, typer.Option("--num-shards", help="workers in all")] = 1,
+) -> None:
+    """Sample n candidate answers per problem (vLLM or transformers); resumable, shardable."""
+    from reasoner import infer as stage
+    from reasoner import shards
+
+    cfg = load_config("infer", InferConfig, config, overrides)
+    out = run_stage("infer", lambda: stage.run(cfg, shard, num_shards))
+    manifest = shards.read_manifest(out) or {}
+    counts = manifest.get("counts", {})
+    rows = [("folder", out), ("complete", manifest.get("complete", False))]
+    rows += [(k.replace("_", " "), f"{v:.3f}" if isinstance(v, float) else v)
+             for k, v in counts.items()]
+    last = manifest.get("last_run", {})
+    if last.get("load_seconds") is not None:
+        rows.append(("model load", f"{last['load_seconds']:.1f} s (engine start on vllm)"))
+    if last.get("seconds"):
+        rows.append(("throughput", f"{last['generated'] / last['seconds']:.1f} samples/s, "
+                                   f"{last['tokens'] / last['seconds']:,.0f} tokens/s "
+                                   "(generation alone)"))
+    summary("infer", rows)
+
+
+def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Judge each sample (math-verify rules and/or an LLM judge), reward it, filter groups."""
+    from reasoner import shards
+    from reasoner import verify as stage
+
+    cfg = load_config("verify", VerifyConfig, config, overrides)
+    out = run_stage("verify", lambda: stage.run(cfg))
+    manifest = shards.read_manifest(out) or {}
+    c = manifest.get("counts", {})
+    rows = [("folder", out), ("in", f"{c.get('problems_in')} problems, {c.get('samples_in')} samples"),
+            ("verdicts", ", ".join(f"{k} {v}" for k, v in c.get("verdicts", {}).items()))]
+    if c.get("decontaminated_problems"):
+        rows.append(("decontaminated", f"{c['decontaminated_problems']} problems"))
+    for f in manifest.get("filters", []):
+        rows.append((f["filter"], f"-{f['problems_removed']} problems, -{f['samples_removed']} samples"))
+    timeouts = c.get("verdicts", {}).get("timeout", 0) + c.get("dropped", {}).get("timeout", 0)
+    if timeouts:
+        rows.append(("timeouts", f"{timeouts} rule checks past timeout_s "
+                                 f"({'dropped' if cfg.timeout == 'drop' else 'rewarded -1'}); "
+                                 "see them with: reasoner explain FOLDER ID"))
+    if manifest.get("agreement"):
+        rows.append(("rule x judge", ", ".join(f"{k}: {v}" for k, v in manifest["agreement"].items())))
+    rows.append(("out", f"{c.get('problems')} problems, {c.get('samples')} samples "
+                        f"({c.get('positives')} positive, {c.get('negatives')} negative)"))
+    if c.get("samples_per_s"):
+        rows.append(("throughput", f"{c['verified_this_run']} verified, {c['samples_per_s']} samples/s"))
+    rows.append(("stats", out / "stats.json"))
+    summary("verify", rows)
+
+
+def explain(
+    folder: Annotated[Path, typer.Argument(help="a Sample or Verified shard folder")],
+    problem_id: Annotated[str, typer.Argument(help="the problem id")],
+    sample: Annotated[int | None, typer.Option("--sample", help="one sample_idx only")] = None,
+) -> None:
+    """Why a sample got its verdict: extracted answer, what each side parsed to, the reason."""
+    from reasoner.verify.explain import explain as why
+
+    for r in run_stage("explain", lambda: why(folder, problem_id, sample)):
+        summary(f"{r['id']} sample {r['sample_idx']}", [
+            ("reference", r["reference"]), ("extracted", r["extracted"]),
+            ("reference read as", r["reference_read_as"]), ("answer read as", r["answer_read_as"]),
+            ("rule verdict", f"{r['rule']}: {r['reason']}"),
+            *([("recorded", f"{r['recorded']} ({r['verifier']})")] if r["recorded"] else []),
+            *([("judge said", r["judge_output"])] if r["judge_output"] else []),
+            ("response ends", r["response_tail"])])
+
+
+def train_offline(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Offline RL on verified rollouts: pcl (published), rft, oreal, dapo/prorl, discounted."""
+    _train("train-offline", OfflineConfig, "reasoner.train_offline", config, overrides)

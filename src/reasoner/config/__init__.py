@@ -1,0 +1,50 @@
+"""Configuration: one pydantic model per stage (stages.py), the sections they share
+(sections.py), the offline objectives' tagged union (objectives.py) and loading YAML files with
+`key.sub=value` overrides (files.py). Everything is re-exported here: `from reasoner.config
+import SFTConfig, load` is the import users and stages write.
+"""
+
+from reasoner.config.files import ConfigError, Strict, dump, load, parse_overrides
+from reasoner.config.objectives import (
+    OBJECTIVE_MODELS,
+    DAPOObjective,
+    DiscountedObjective,
+    ObjectiveConfig,
+    OREALObjective,
+    PCLObjective,
+    ProRLObjective,
+    RFTObjective,
+)
+from reasoner.config.sections import (
+    TEMPLATE_PRESETS,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    TemplateConfig,
+    TinyModelConfig,
+)
+from reasoner.config.stages import (
+    DecontamConfig,
+    EvalConfig,
+    FilterConfig,
+    InferConfig,
+    JudgeConfig,
+    OfflineConfig,
+    RayConfig,
+    SamplingConfig,
+    SFTConfig,
+    SynthConfig,
+    TinyConfig,
+    VerifyConfig,
+    VLLMConfig,
+)
+
+__all__ = [
+    "OBJECTIVE_MODELS", "TEMPLATE_PRESETS", "ConfigError", "DAPOObjective", "DataConfig",
+    "DecontamConfig", "DiscountedObjective", "EvalConfig", "FilterConfig", "InferConfig",
+    "JudgeConfig", "ModelConfig", "ObjectiveConfig", "OfflineConfig", "OptimConfig",
+    "OREALObjective", "PCLObjective", "ProRLObjective", "RayConfig", "RFTObjective", "RunConfig",
+    "SamplingConfig", "SFTConfig", "Strict", "SynthConfig", "TemplateConfig", "TinyConfig",
+    "TinyModelConfig", "VerifyConfig", "VLLMConfig", "dump", "load", "parse_overrides",
+]

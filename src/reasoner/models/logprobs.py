@@ -1,0 +1,89 @@
+"""Memory-bounded token log-probabilities.
+
+`token_logprobs` returns log p(target) for N selected positions without ever holding an
+N × vocab tensor: the lm-head product runs chunk by chunk in forward and is recomputed chunk by
+chunk in backward. With Qwen2.5's 151,936-token vocabulary an 8K-token sequence would need
+4.6 GiB of fp32 logits (and as much again for their gradient); here one chunk's worth.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 at least, fp64 in tests
+        out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)  # (N,)
+        w = weight.to(acc)
+        for s in range(0, hidden.shape[0], chunk_size):
+            # (c, V): under bf16 / fp16 autocast the product is in that dtype, and the
+            # log-sum-exp would be too (bf16: +-0.03 at a logit of 10); fp32 from here on
+            logits = (hidden[s:s + chunk_size].to(acc) @ w.T).to(acc)
+            tgt = targets[s:s + chunk_size, None]
+            out[s:s + chunk_size] = (logits.gather(1, tgt) - logits.logsumexp(-1, keepdim=True))[:, 0]
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        hidden, weight, targets = ctx.saved_tensors
+        c = ctx.chunk_size
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        w = weight.to(acc)
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
+        for s in range(0, hidden.shape[0], c):
+            h = hidden[s:s + c].to(acc)  # (c, H)
+            g = grad_out[s:s + c, None].to(acc)  # (c, 1)
+            # d log p_t / d logits = onehot(t) - softmax(logits)
+            dlogits = (h @ w.T).softmax(-1).mul_(-g)  # (c, V)
+            dlogits.scatter_add_(1, targets[s:s + c, None], g)
+            if grad_h is not None:
+                grad_h[s:s + c] = (dlogits @ w).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w += dlogits.T @ h
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
+
+
+def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor,
+                   chunk_size: int = 4096) -> Tensor:
+    """log softmax(hidden @ W.T)[target] per row, (N,) in fp32 (or wider), chunked both ways.
+
+    hidden (N, H), lm_head_weight (V, H), targets (N,) int64. A vocab-parallel weight (this
+    process's rows, see `vocab_parallel`) computes over the processes' rows together.
+    """
+    from reasoner.models import vocab_parallel
+
+    if vocab_parallel.is_vocab_parallel(lm_head_weight):
+        return vocab_parallel.token_logprobs(hidden, lm_head_weight, targets, chunk_size)
+    if hidden.shape[0] == 0:
+        return hidden.new_zeros(0, dtype=torch.float32) + 0 * lm_head_weight.sum()
+    return _ChunkedLogprobs.apply(hidden, lm_head_weight, targets, chunk_size)
+
+
+class PolicyLogprobs(nn.Module):
+    """A causal LM seen as a function from token batches to the log-probs of their labels.
+
+    Wrapping the whole computation in one module lets FSDP2 / DDP treat it as the root: the
+    embeddings, final norm and lm-head weight are gathered for this forward like any other.
+    """
+
+    def __init__(self, model: nn.Module, chunk_size: int = 4096, temperature: float = 1.0):
+        super().__init__()
+        self.model = model
+        self.chunk_size = chunk_size
+        self.temperature = temperature  # logits / T: score like the sampler at temperature T
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
+                labels: Tensor) -> Tensor:
+        """Log-probs (N,) of `labels` (B, T) at positions where labels >= 0, row-major order."""
+        out = self.model.model(input_ids=input_ids, position_ids=position_ids,
+                               attention_mask=attention_mask, use_cache=False)
+        hidden = out.last_hidden_state  # (B, T, H)
+        keep = labels >= 0  # (B, T)
+        h = hidden[keep] if self.temperature == 1.0 else hidden[keep] / self.temperature  # (N, H)
+        return token_logprobs(h, self.model.lm_head.weight, labels[keep], self.chunk_size)  # (N,)

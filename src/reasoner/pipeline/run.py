@@ -1,0 +1,393 @@
+"""`reasoner run RECIPE.yaml`: the stages of one recipe in order, skipping finished ones.
+
+A recipe names its stages (command + config file + values set on top); each stage writes into
+RUN_DIR/<name>/. Values may refer to earlier stages' folders ({sft}, {data}/test_problems),
+to the newest checkpoint ({policy}) and to {run_dir}. `rounds: N` repeats the `repeat: true`
+block (infer -> verify -> train-offline -> eval) from the newest checkpoint; round r > 1 writes
+into <name>-r<r>, so each round's optimiser and reference start fresh from that checkpoint.
+
+What has run is recorded in RUN_DIR/pipeline.json: for each stage a chain digest of its resolved
+config and those of every stage before it. A stage whose digest is unchanged and that finished is
+skipped; a changed stage reruns, and so does everything after it (their inputs changed); a stage
+that was interrupted with an unchanged digest resumes. Each resolved config is also written to
+RUN_DIR/configs/<name>.yaml, so any stage can be rerun by hand with the printed command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reasoner import shards
+from reasoner.config import ConfigError, dump, load
+from reasoner.errors import ReasonerError, ShardError
+from reasoner.pipeline.recipe import RecipeConfig, StageSpec
+from reasoner.pipeline.registry import STAGES
+
+STATE = "pipeline.json"
+
+
+class StageFailed(ReasonerError):
+    """A stage run as a subprocess (`launcher:`) failed; it printed its own error above."""
+
+_REF = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
+
+
+@dataclass
+class StageRun:
+    """One stage spec of a recipe resolved for one round: config, output folder, status."""
+
+    name: str
+    spec: StageSpec
+    out: Path
+    config: Any                      # the validated stage config (compare: its report folders)
+    chain: str                       # digest of this config and of every stage before it
+    digest: str = ""                 # digest of this stage's own command and config
+    source: Path | None = None       # the recipe's config file for this stage
+    overrides: list[str] = field(default_factory=list)  # key=value the recipe puts on top of it
+    status: str = "run"              # skip | run | rerun | resume
+    reason: str = ""
+    seconds: float = 0.0
+    headline: str = ""
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def command(self) -> str:
+        return self.spec.command
+
+    @property
+    def artifact(self) -> str:
+        """What to open first in this stage's folder, relative to the run folder."""
+        return f"{self.name}/{STAGES[self.command].artifact}"
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving
+
+
+def _resolve_refs(value: Any, names: dict[str, str], run_dir: Path, policy: str | None,
+                  where: str) -> Any:
+    """Replace {stage}, {policy} and {run_dir} inside strings (recursively in lists and dicts)."""
+    if isinstance(value, dict):
+        return {k: _resolve_refs(v, names, run_dir, policy, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_refs(v, names, run_dir, policy, where) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        ref = m.group(1)
+        if ref == "run_dir":
+            return str(run_dir)
+        if ref == "policy":
+            if policy is None:
+                raise ConfigError(f"{where}: {{policy}} needs an sft or train-offline stage before "
+                                  "it, or the recipe's start_model")
+            return policy
+        if ref not in names:
+            known = ", ".join(sorted(names)) or "none"
+            raise ConfigError(f"{where}: {{{ref}}} names no earlier stage (earlier stages: {known})")
+        return str(run_dir / names[ref])
+
+    return _REF.sub(sub, value)
+
+
+def _shift_seeds(data: Any, offset: int) -> Any:
+    """Add `offset` to every `seed` key at any depth (recipe seed and per-round seeds)."""
+    if isinstance(data, dict):
+        return {k: (v + offset if k == "seed" and isinstance(v, int) else _shift_seeds(v, offset))
+                for k, v in data.items()}
+    if isinstance(data, list):
+        return [_shift_seeds(v, offset) for v in data]
+    return data
+
+
+def _seed_paths(data: Any, prefix: str = "") -> list[tuple[str, int]]:
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for k, v in data.items():
+        if k == "seed" and isinstance(v, int):
+            found.append((prefix + k, v))
+        found += _seed_paths(v, f"{prefix}{k}.")
+    return found
+
+
+def _inline(value: Any) -> str:
+    """A value as a YAML scalar or flow collection, as an override on the command line takes it."""
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+
+
+def expand(recipe: RecipeConfig) -> list[tuple[StageSpec, int, str]]:
+    """The recipe's stages in run order, the `repeat` block written out `rounds` times."""
+    specs = recipe.stages
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"recipe: stage names must be unique; repeated: {', '.join(dupes)}")
+    block = [i for i, s in enumerate(specs) if s.repeat]
+    if block and block != list(range(block[0], block[-1] + 1)):
+        raise ConfigError("recipe: the `repeat: true` stages must be consecutive")
+    if recipe.rounds > 1 and not block:
+        raise ConfigError("recipe: rounds > 1 needs stages marked `repeat: true`")
+    out: list[tuple[StageSpec, int, str]] = []
+    for i, spec in enumerate(specs):
+        if block and i == block[0]:
+            for r in range(1, recipe.rounds + 1):
+                out += [(specs[j], r, specs[j].name if r == 1 else f"{specs[j].name}-r{r}")
+                        for j in block]
+        elif not spec.repeat:
+            out.append((spec, 1, spec.name))
+    return out
+
+
+def resolve(recipe: RecipeConfig, base: Path) -> list[StageRun]:
+    """Resolve every stage's config (refs, seeds, output folder) and its chain digest."""
+    run_dir = Path(recipe.run_dir)
+    latest: dict[str, str] = {}
+    evals: list[str] = []
+    policy: str | None = recipe.start_model
+    chain = hashlib.sha256(b"reasoner-run").hexdigest()
+    stages: list[StageRun] = []
+    for spec, rnd, name in expand(recipe):
+        where = f"recipe stage '{name}'"
+        out = run_dir / name
+        values = _resolve_refs(spec.set, latest, run_dir, policy, where)
+        path, overrides = None, []
+        if spec.command == "compare":
+            if spec.config is not None or values:
+                raise ConfigError(f"{where}: compare takes `reports:` only, no config or set")
+            reports = [_resolve_refs(f"{{{r}}}" if not r.startswith("{") else r, latest, run_dir,
+                                     policy, where) for r in spec.reports]
+            config: Any = {"reports": reports or [str(run_dir / e) for e in evals],
+                           "output_dir": str(out)}
+            if len(config["reports"]) < 2:
+                raise ConfigError(f"{where}: needs two eval stages before it to compare")
+        else:
+            path = (base / spec.config) if spec.config is not None else None
+            try:
+                cfg = load(STAGES[spec.command].config, path, values={**values, "output_dir": str(out)})
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            offset = recipe.seed + 1000 * (rnd - 1)
+            config = type(cfg).model_validate(_shift_seeds(dump(cfg), offset)) if offset else cfg
+            overrides = [f"{k}={_inline(v)}" for k, v in {**values, "output_dir": str(out)}.items()]
+            overrides += [f"{k}={v}" for k, v in _seed_paths(dump(config)) if offset]
+        digest = json.dumps({"command": spec.command,
+                             "config": config if isinstance(config, dict) else dump(config)},
+                            sort_keys=True, default=str)
+        chain = hashlib.sha256((chain + digest).encode()).hexdigest()
+        stages.append(StageRun(name, spec, out, config, chain, source=path, overrides=overrides,
+                            digest=hashlib.sha256(digest.encode()).hexdigest()))
+        latest[spec.name] = latest[name] = name
+        if spec.command == "eval":
+            evals.append(name)
+        if STAGES[spec.command].checkpoint:
+            policy = str(out / "final")
+    _same_prompt(stages)
+    return stages
+
+
+PROMPT_STAGES = ("sft", "infer", "eval")  # the stages that render prompts for the model
+PROMPT_FIELDS = ("system_prompt", "instruction", "use_chat_template")
+
+
+def _same_prompt(stages: list[StageRun]) -> None:
+    """Every stage that renders prompts renders them alike: a model sampled or evaluated with a
+    prompt it was not trained on is a silent, expensive mistake."""
+    first: StageRun | None = None
+    for stage in stages:
+        if stage.spec.command not in PROMPT_STAGES:
+            continue
+        if first is None:
+            first = stage
+            continue
+        a, b = first.config.template, stage.config.template
+        differ = [f for f in PROMPT_FIELDS if getattr(a, f) != getattr(b, f)]
+        if differ:
+            raise ConfigError(
+                f"recipe stages '{first.name}' and '{stage.name}' render prompts differently "
+                f"(template.{', template.'.join(differ)}: {getattr(a, differ[0])!r} vs "
+                f"{getattr(b, differ[0])!r}); give every sft/infer/eval stage the same template, "
+                "e.g. the same template.preset")
+
+
+def _read_state(run_dir: Path) -> dict:
+    path = run_dir / STATE
+    if not path.exists():
+        return {"stages": {}}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ShardError(f"{path} is not valid JSON ({exc}); delete it to rerun every stage") from exc
+
+
+def decide(stages: list[StageRun], state: dict, start: str | None, until: str | None) -> list[StageRun]:
+    """Mark each stage skip / run / rerun / resume; return the stages this invocation covers."""
+    names = [s.name for s in stages]
+    for flag, value in (("--from", start), ("--until", until)):
+        if value is not None and value not in names:
+            raise ConfigError(f"{flag} {value}: no such stage; stages: {', '.join(names)}")
+    first = names.index(start) if start else 0
+    last = names.index(until) if until else len(stages) - 1
+    if first > last:
+        raise ConfigError(f"--from {start} comes after --until {until}")
+    upstream_ran = False
+    for i, s in enumerate(stages[: last + 1]):
+        record = state["stages"].get(s.name, {})
+        same = record.get("chain") == s.chain
+        if i < first:
+            s.status, s.reason = "skip", "before --from"
+            if not (same and record.get("status") == "done"):
+                s.reason = "before --from (not finished with this config!)"
+        elif i == first and start is not None:
+            s.status, s.reason = "rerun", "--from"
+        elif same and record.get("status") == "running":
+            s.status, s.reason = "resume", "interrupted last time"
+        elif same and record.get("status") == "done" and s.out.exists() and not upstream_ran:
+            s.status, s.reason = "skip", "finished with this config"
+        elif record:
+            s.status = "rerun"
+            own_changed = record.get("digest") != s.digest
+            s.reason = ("config changed" if own_changed else
+                        "an earlier stage reran" if upstream_ran or not same else "output missing")
+        else:
+            s.status, s.reason = "run", "new"
+        if s.status == "skip":
+            s.seconds = record.get("seconds", 0.0)
+            s.headline, s.metrics = record.get("headline", ""), record.get("metrics", {})
+        else:
+            upstream_ran = True
+    return stages[: last + 1]
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+
+
+def command_line(stage: StageRun, config_path: Path | None = None) -> list[str]:
+    """The shell command that runs this stage by hand (what --dry-run prints)."""
+    launcher = shlex.split(stage.spec.launcher) if stage.spec.launcher else []
+    if stage.command == "compare":
+        return [*launcher, "reasoner", "eval", "compare", *stage.config["reports"],
+                "--out", str(stage.out)]
+    cmd = "eval bench" if stage.command == "eval" else stage.command
+    if config_path is None:  # the recipe's own file and values, before anything is written
+        return [*launcher, "reasoner", *cmd.split(), str(stage.source), *stage.overrides]
+    return [*launcher, "reasoner", *cmd.split(), str(config_path)]
+
+
+def _write_config(stage: StageRun, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"# {shlex.join(command_line(stage, path))}\n# written by reasoner run (stage {stage.name})\n"
+    body = stage.config if isinstance(stage.config, dict) else dump(stage.config)
+    shards.atomic_write_text(path, head + yaml.safe_dump(body, sort_keys=False))
+
+
+def uses_vllm(stage: StageRun) -> bool:
+    """The stage builds a vLLM engine (infer, eval, or a judge on the vllm backend)."""
+    from reasoner.infer.engines import pick_backend
+
+    cfg = stage.config
+    if stage.command in ("infer", "eval"):
+        return pick_backend(cfg.backend) == "vllm"
+    if stage.command == "verify" and cfg.mode != "rule" and cfg.judge.model is not None:
+        return pick_backend(cfg.judge.backend) == "vllm"
+    return False
+
+
+def _execute(stage: StageRun, config_path: Path) -> None:
+    """Run a stage: in this process, or in its own when it has a launcher (torchrun) or builds a
+    vLLM engine (vLLM does not free device memory when an engine is deleted: a second engine
+    in the same process would find the first one's memory still taken)."""
+    if stage.spec.launcher or uses_vllm(stage):
+        cmd = command_line(stage, config_path)
+        if not stage.spec.launcher:  # this interpreter, whatever `reasoner` on PATH is
+            cmd = [sys.executable, "-m", "reasoner", *cmd[1:]]
+        result = subprocess.run(cmd, check=False)
+        if result.returncode != 0:
+            raise StageFailed(f"stage {stage.name} failed (exit {result.returncode}); "
+                              f"rerun `reasoner run` to resume it")
+        return
+    STAGES[stage.command].run(stage.config)
+
+
+def _save_state(run_dir: Path, state: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shards.atomic_write_text(run_dir / STATE, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def time_left(stages: list[StageRun], done: StageRun, min_seconds: float = 10.0) -> str | None:
+    """After `done` ran: the time the stages still to run should take here, their reference
+    times (expect_seconds) scaled by how much slower or faster this machine ran the stages so
+    far (those expected to take >= min_seconds: a 1-second stage says nothing about speed)."""
+    timed = [s for s in stages[:stages.index(done) + 1] if s.status != "skip"
+             and s.spec.expect_seconds is not None and s.spec.expect_seconds >= min_seconds]
+    if not timed:
+        return None
+    factor = sum(s.seconds for s in timed) / sum(s.spec.expect_seconds for s in timed)
+    rest = [s for s in stages[stages.index(done) + 1:] if s.status != "skip"]
+    if not rest:
+        return None
+    left = factor * sum(s.spec.expect_seconds or 0.0 for s in rest)
+    return (f"[time] about {left / 60:.0f} min left for {len(rest)} stages "
+            f"(this machine: {factor:.2f}x the reference's stage times)")
+
+
+def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str | None = None,
+        dry_run: bool = False, echo=print) -> list[StageRun]:
+    """Run (or, with dry_run, only resolve and print) the recipe; return its stages with status and numbers."""
+    run_dir = Path(recipe.run_dir)
+    stages = decide(resolve(recipe, base), _read_state(run_dir), start, until)
+    if dry_run:
+        for s in stages:
+            echo(f"{s.status:>6}  {s.name:<16} {s.reason:<28} {shlex.join(command_line(s))}")
+        return stages
+    missing = [s.name for s in stages if s.reason.endswith("!)")]
+    if missing:
+        raise ConfigError(f"--from {start}: the stages before it are not finished with this recipe "
+                         f"({', '.join(missing)}); run without --from first")
+    state = _read_state(run_dir)
+    state["recipe"] = dump(recipe)
+    for s in stages:
+        if s.status == "skip":
+            echo(f"[skip] {s.name}: {s.reason}")
+            continue
+        path = run_dir / "configs" / f"{s.name}.yaml"
+        if s.status in ("run", "rerun") and s.out.exists():
+            echo(f"[{s.status}] {s.name}: {s.reason}; replacing {s.out}")
+            shutil.rmtree(s.out)
+        else:
+            echo(f"[{s.status}] {s.name}: {s.reason}")
+        _write_config(s, path)
+        state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "running",
+                                   "command": s.command}
+        _save_state(run_dir, state)
+        started = time.perf_counter()
+        _execute(s, path)
+        s.seconds = time.perf_counter() - started
+        line = time_left(stages, s)
+        if line:
+            echo(line)
+        s.headline, s.metrics = STAGES[s.command].headline(s.out)
+        state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "done",
+                                   "command": s.command,
+                                   "seconds": round(s.seconds, 2), "headline": s.headline,
+                                   "metrics": s.metrics, "output": str(s.out)}
+        _save_state(run_dir, state)
+    return stages

@@ -1,0 +1,148 @@
+"""Verified rollouts as training data: token ids, per-sample rewards and advantages.
+
+Loaded once per train-offline run: tokenized once into a memory-mapped Arrow file, keyed by the
+Verified shard's files, the tokenizer and max_tokens, and mapped again on reruns and by every
+process. What each objective trains with is computed from it in objectives.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from reasoner import shards
+from reasoner.config import OfflineConfig
+from reasoner.data import token_cache
+from reasoner.data.template import end_of_turn
+from reasoner.errors import TrainingError
+from reasoner.records import Verified
+
+
+@dataclass
+class Rollouts:
+    """The verified samples as token ids plus per-sample tensors (M samples).
+
+    Loaded by `load_rollouts`, `ids` and `old_logp` are memory-mapped Arrow columns (list-like:
+    `ids[i]` is one sample's ids), not Python lists of every token."""
+
+    keys: list[tuple[str, int]]
+    ids: Sequence[list[int]]
+    prompt_lens: list[int]
+    rewards: Tensor  # (M,) +1 / -1
+    groups: Tensor  # (M,) group index
+    group_acc: Tensor  # (M,)
+    reasoning: Tensor  # (M,) think-span tokens
+    has_answer: Tensor  # (M,) bool
+    old_logp: Sequence[list[float]] | None  # behaviour log-probs per response token
+    dropped: int
+
+    def resp_len(self, i: int) -> int:
+        return len(self.ids[i]) - self.prompt_lens[i]
+
+    def loss_mask(self, i: int) -> list[bool]:
+        """True on the response tokens of sample i (the tokens that are scored)."""
+        p = self.prompt_lens[i]
+        return [False] * p + [True] * (len(self.ids[i]) - p)
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("sample_idx", pa.int32()),
+                      ("ids", pa.list_(pa.int32())), ("prompt_len", pa.int32()),
+                      ("old_logp", pa.list_(pa.float32())), ("reward", pa.float32()),
+                      ("group_accuracy", pa.float32()), ("reasoning_tokens", pa.int32()),
+                      ("has_answer", pa.bool_())])
+
+
+def cache_path(cfg: OfflineConfig, tokenizer: Any) -> Path:
+    """Where the rollouts' Arrow file goes: keyed by the Verified shard's files (names, sizes,
+    times), the tokenizer, max_tokens and the code version."""
+    from reasoner import __version__
+
+    h = hashlib.sha256(
+        f"{__version__}|{cfg.max_tokens}|{token_cache.tokenizer_fingerprint(tokenizer)}".encode())
+    folder = Path(cfg.input_dir)
+    for f in [*shards.part_files(folder), folder / shards.MANIFEST]:
+        if f.exists():
+            st = f.stat()
+            h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return Path(cfg.output_dir) / "rollouts" / f"rollouts-{h.hexdigest()[:20]}.arrow"
+
+
+def load_rollouts(cfg: OfflineConfig, tokenizer: Any, dist: Any = None) -> Rollouts:
+    """Stream the Verified shard into a memory-mapped Arrow file once (local rank 0 of each node
+    writes it, the others wait and map it) and read the samples from it."""
+    path = cache_path(cfg, tokenizer)
+    # the .json (dropped count) is written last: its presence marks a complete cache
+    token_cache.build_once(path.with_suffix(".json"), lambda _: _write(cfg, tokenizer, path), dist)
+    table = token_cache.open_table(path)
+    if not table.num_rows:
+        raise TrainingError(f"every sample of {cfg.input_dir} is empty or longer than "
+                            f"max_tokens={cfg.max_tokens}")
+    dropped = json.loads(path.with_suffix(".json").read_text())["dropped"]
+    ids = table.column("id").to_pylist()
+    group_of = {pid: g for g, pid in enumerate(dict.fromkeys(ids))}
+    col = lambda name, dt: torch.from_numpy(  # noqa: E731
+        table.column(name).to_numpy(zero_copy_only=False).astype("float32")).to(dt)
+    return Rollouts(
+        keys=list(zip(ids, table.column("sample_idx").to_pylist(), strict=True)),
+        ids=token_cache.ListColumn(table, "ids"),
+        prompt_lens=table.column("prompt_len").to_pylist(),
+        rewards=col("reward", torch.float32),
+        groups=torch.tensor([group_of[i] for i in ids], dtype=torch.long),
+        group_acc=col("group_accuracy", torch.float32),
+        reasoning=col("reasoning_tokens", torch.float32),
+        has_answer=col("has_answer", torch.bool),
+        old_logp=(token_cache.ListColumn(table, "old_logp")
+                  if table.column("old_logp").null_count == 0 else None),
+        dropped=dropped)
+
+
+def _write(cfg: OfflineConfig, tokenizer: Any, path: Path) -> None:
+    prompts: dict[str, list[int]] = {}
+    dropped = 0
+    eot = end_of_turn(tokenizer)
+    end_id = tokenizer.convert_tokens_to_ids(eot) if eot else tokenizer.eos_token_id
+
+    def rows() -> Iterator[dict]:
+        nonlocal dropped
+        for r in shards.iter_rows(cfg.input_dir, Verified):
+            if r["prompt"] not in prompts:
+                prompts[r["prompt"]] = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+            p = prompts[r["prompt"]]
+            resp = r.get("token_ids")
+            if resp is None:
+                resp = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
+                if r["finish_reason"] == "stop":  # the token that ended it, as SFT trained it
+                    resp = resp + [end_id]
+            if not resp or len(p) + len(resp) > cfg.max_tokens:
+                dropped += 1
+                continue
+            yield {"id": r["id"], "sample_idx": r["sample_idx"], "ids": p + list(resp),
+                   "prompt_len": len(p), "old_logp": r.get("logprobs"), "reward": r["reward"],
+                   "group_accuracy": r["group_accuracy"],
+                   "reasoning_tokens": r["reasoning_tokens"],
+                   "has_answer": r.get("extracted") is not None}
+
+    count = token_cache.write_rows(path, _schema(), rows())
+    if count == 0 and dropped == 0:
+        path.unlink()
+        raise TrainingError(f"{cfg.input_dir}: the Verified shard holds no samples")
+    shards.atomic_write_text(path.with_suffix(".json"), json.dumps({"dropped": dropped}))
+
+
+def sampling_of(verified_dir) -> dict | None:
+    """The sampling settings (temperature, top_k, top_p, ...) of the samples a Verified shard
+    was made from, read from the manifests (None when they cannot be found)."""
+    manifest = shards.read_manifest(verified_dir) or {}
+    source = (manifest.get("inputs") or {}).get("samples")
+    samples = shards.read_manifest(source) if source else None
+    return ((samples or {}).get("config") or {}).get("sampling")

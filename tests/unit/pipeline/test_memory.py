@@ -1,0 +1,71 @@
+"""`reasoner plan`: parameter counts exact, per-stage verdicts on the shipped 32B recipe."""
+
+from pathlib import Path
+
+import pytest
+
+from reasoner.pipeline import memory as plan
+
+REPO = Path(__file__).resolve().parents[3]
+PCL = REPO / "configs" / "pcl_reasoner_v1_5" / "recipe.yaml"
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-32B", "Qwen/Qwen3-32B",
+                                  "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"])
+def test_parameter_counts_equal_the_models_own(name):
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    c = dict(plan.KNOWN[name])
+    model_type = c.pop("model_type", "qwen2")
+    config = AutoConfig.for_model(model_type, **c)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    assert plan.shape_of(name).params == sum(p.numel() for p in model.parameters())
+
+
+def test_the_tiny_models_count(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert plan.count_parameters(tiny_model_dir) == sum(p.numel() for p in model.parameters())
+
+
+def test_pcl_on_64_npus_of_64_gib_fits_as_pcl_ran_it_and_not_with_fsdp_alone():
+    ran = plan.plan_recipe(PCL, 64, 64.0, "npu", layout="mindspeed", tp=8, pp=4)
+    assert [p.name for p in ran] == ["sft", "samples", "verify", "train-offline", "aime24",
+                                     "aime25"]
+    assert all(p.fits for p in ran), [(p.name, p.verdict) for p in ran]
+    fsdp = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "npu")}
+    assert not fsdp["train-offline"].fits and "mindspeed" in fsdp["train-offline"].verdict
+    # 32K-token packed rows of a 32B model: activations dominate without tensor parallelism
+    assert max(fsdp["sft"].parts, key=fsdp["sft"].parts.get) == "activations"
+    # vLLM TP 8: bf16 weights are 2 bytes x 32.8B / 8 per device
+    assert fsdp["samples"].parts["weights"] == pytest.approx(2 * 32_763_876_352 / 8 / 2**30)
+
+
+def test_the_cli_exits_1_when_a_stage_does_not_fit():
+    from typer.testing import CliRunner
+
+    from reasoner.cli import app
+
+    ok = CliRunner().invoke(app, ["plan", str(PCL), "--devices", "64", "--device-mem-gib", "64",
+                                  "--kind", "npu", "--layout", "mindspeed"])
+    assert ok.exit_code == 0, ok.output
+    tight = CliRunner().invoke(app, ["plan", str(PCL), "--devices", "8",
+                                     "--device-mem-gib", "24"])
+    assert tight.exit_code == 1
+
+
+def test_run_checks_the_plan_on_a_gpu_machine_first(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from reasoner import device
+    from reasoner.cli import app
+
+    monkeypatch.setattr(device, "local_devices", lambda: ("gpu", 8, 24.0))
+    out = CliRunner().invoke(app, ["run", str(PCL), f"run_dir={tmp_path}"])
+    assert out.exit_code == 2
+    assert "stage sft: needs" in out.output and "--no-plan runs anyway" in out.output
+    assert not any(tmp_path.iterdir())  # nothing ran

@@ -1,0 +1,91 @@
+"""The reference side: ProRL's plateau tracker, the moving reference, held-out splits."""
+
+import copy
+
+import pytest
+import torch
+
+from reasoner.models.logprobs import PolicyLogprobs
+from reasoner.rl.reference import Plateau, average_into, reset
+
+
+def test_plateau_resets_after_patience_and_rebaselines():
+    p = Plateau(patience=2)
+    fired = [p.update(v) for v in (0.1, 0.2, 0.2, 0.15, 0.3, 0.4, 0.1)]
+    # 0.2 and 0.15 do not beat 0.2 -> reset at the second; then 0.3 is the new baseline
+    assert fired == [False, False, False, True, False, False, False]
+    assert p.resets == 1 and p.best == 0.4 and p.bad == 1
+
+
+
+
+def test_moving_reference_moves_each_tied_weight_once(tiny_model_dir):
+    """ref <- 0.1 * policy + 0.9 * ref: with policy = ref + 1 every weight moves by exactly 0.1,
+    the tied embedding / lm-head too (a state-dict loop moved it twice: 0.19)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    assert model.config.tie_word_embeddings
+    ref = PolicyLogprobs(model)
+    policy = copy.deepcopy(ref)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    before = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    average_into(ref, policy, 0.1)
+    for name, p in ref.named_parameters():
+        assert torch.allclose(p - before[name], torch.full_like(p, 0.1), atol=1e-12), name
+    assert ref.model.lm_head.weight is ref.model.model.embed_tokens.weight  # still tied
+
+
+def test_reset_copies_the_policy_and_clears_the_optimiser(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    ref = PolicyLogprobs(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    policy = copy.deepcopy(ref)
+    opt = torch.optim.AdamW(policy.parameters(), lr=0.1)
+    policy(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 2]]), None,
+           torch.tensor([[-100, 2, 3]])).sum().backward()
+    opt.step()
+    assert opt.state
+    reset(policy, ref, opt)
+    assert not opt.state
+    for (name, a), b in zip(ref.named_parameters(), policy.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_reference_logprobs_are_memory_mapped_and_reused(tmp_path):
+    """Scored once into JSONL parts and one Arrow file that is memory-mapped (not Python lists
+    of every token); a rerun maps it without scoring; a rollout set with a new sample rescored."""
+    from torch import nn
+
+    from reasoner.rl.reference import Reordered, starting_logprobs
+    from reasoner.rl.rollouts import Rollouts
+
+    class Scorer(nn.Module):
+        calls = 0
+
+        def forward(self, input_ids, position_ids, attention_mask, labels):
+            Scorer.calls += 1
+            return -labels[labels >= 0].float() / 1000  # (N,) one value per scored token
+
+    def rollouts(keys, ids, prompt_lens):
+        m = len(keys)
+        return Rollouts(keys=keys, ids=ids, prompt_lens=prompt_lens, rewards=torch.ones(m),
+                        groups=torch.zeros(m, dtype=torch.long), group_acc=torch.ones(m),
+                        reasoning=torch.ones(m), has_answer=torch.ones(m, dtype=torch.bool),
+                        old_logp=None, dropped=0)
+
+    data = rollouts([("b", 0), ("a", 1), ("a", 0)], [[1, 2, 3, 4], [1, 2, 5], [7, 8, 9, 10, 11]],
+                    [2, 2, 3])
+    folder, cpu = tmp_path / "ref_logprobs", torch.device("cpu")
+    got = starting_logprobs(folder, "src", Scorer(), data, 0, cpu, torch.float32)
+    assert isinstance(got, Reordered) and (folder / "logprobs.arrow").exists()
+    expect = [[-0.003, -0.004], [-0.005], [-0.010, -0.011]]
+    assert [list(got[i]) for i in range(3)] == [pytest.approx(e) for e in expect]
+    calls = Scorer.calls
+    again = starting_logprobs(folder, "src", Scorer(), data, 0, cpu, torch.float32)
+    assert Scorer.calls == calls and [list(again[i]) for i in range(3)] == [list(got[i]) for i in range(3)]
+    more = rollouts(data.keys + [("c", 0)], [*data.ids, [1, 6, 6]], [2, 2, 3, 1])
+    third = starting_logprobs(folder, "src", Scorer(), more, 0, cpu, torch.float32)
+    assert Scorer.calls > calls and list(third[3]) == pytest.approx([-0.006, -0.006])

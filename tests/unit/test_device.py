@@ -1,0 +1,52 @@
+"""The hardware module on a CPU: what `auto` picks, one-process collectives, memory figures."""
+
+import pytest
+import torch
+
+from reasoner import device as dev
+from reasoner.errors import InputError
+
+
+def test_auto_picks_the_cpu_in_fp32_here_and_bf16_on_accelerators():
+    assert dev.pick_device("auto") == torch.device("cpu")  # no GPU / NPU on this machine
+    assert dev.pick_dtype("auto", torch.device("cpu")) is torch.float32
+    assert dev.pick_dtype("auto", torch.device("cuda", 0)) is torch.bfloat16
+    assert dev.pick_dtype("float16", torch.device("cpu")) is torch.float16
+    with pytest.raises(InputError, match="unknown device 'tpu'; use auto, cpu, cuda or npu"):
+        dev.pick_device("tpu")
+    assert dev.local_devices() is None  # `reasoner run` skips its memory check on a CPU
+
+
+def test_one_process_needs_no_process_group(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    d = dev.init_distributed(torch.device("cpu"))
+    assert d == dev.DistInfo(0, 1, 0) and d.is_main
+    assert dev.all_reduce([1.5, 2.0], d, torch.device("cpu"), "max") == [1.5, 2.0]
+    dev.barrier(d)  # a no-op, not a hang
+
+
+def test_reductions_use_fp64_except_where_hccl_lacks_it():
+    from types import SimpleNamespace
+
+    assert dev.reduce_dtype(torch.device("cpu")) is torch.float64
+    assert dev.reduce_dtype(torch.device("cuda", 0)) is torch.float64
+    # torch knows "npu" only once torch_npu is imported: a stand-in with its type
+    assert dev.reduce_dtype(SimpleNamespace(type="npu")) is torch.float32
+
+
+def test_autocast_is_off_for_fp32_and_on_for_bf16():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with dev.autocast(torch.device("cpu"), torch.float32):
+        assert (a @ b).dtype is torch.float32
+    with dev.autocast(torch.device("cpu"), torch.bfloat16):
+        assert (a @ b).dtype is torch.bfloat16
+
+
+def test_memory_on_a_cpu_is_this_process_peak_rss():
+    before = dev.peak_rss_bytes()
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    assert dev.peak_rss_bytes() >= before
+    assert dev.peak_rss_bytes() >= block.numel() * 4
+    stats = dev.memory_stats(torch.device("cpu"))
+    assert list(stats) == ["max_rss_gib"] and stats["max_rss_gib"] * 2**30 >= block.numel() * 4
+    assert not dev.flash_attention_available(torch.device("cpu"))
