@@ -78,6 +78,7 @@ class Verified(Sample):
     """A Sample with its verdict, reward and group statistics."""
 
     extracted: str | None = None
+    extracted_by: Literal["strict", "last_number"] | None = None  # verify.extraction: flexible
     verdict: Literal["correct", "incorrect", "no_answer", "invalid", "timeout"]
     reward: float
     verifier: Literal["rule", "judge"]

@@ -15,35 +15,47 @@ from pathlib import Path
 from reasoner.errors import DependencyError
 
 
-class MetricsLog:
-    """`metrics.jsonl` (one object per logged step) plus optional tensorboard / wandb."""
+def check_sinks(sinks: list[str]) -> None:
+    """Every tracking sink asked for is installed: checked when a stage starts, before it
+    writes a cache or loads a model, not when its first metric is logged."""
+    import importlib.util
 
-    def __init__(self, path: Path, sinks: list[str], config: dict, enabled: bool):
+    missing = [s for s, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"))
+               if s in sinks and importlib.util.find_spec(module) is None]
+    if missing:
+        raise DependencyError(f"tracking: {' and '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} not installed: pip "
+                              "install 'reasoner[tracking]', or drop it from run.tracking")
+
+
+class MetricsLog:
+    """`metrics.jsonl` (one object per logged step, with its wall-clock time) plus optional
+    tensorboard (`<folder>/tensorboard/`) and wandb (project and run name from the config)."""
+
+    def __init__(self, path: Path, sinks: list[str], config: dict, enabled: bool,
+                 project: str = "reasoner", name: str | None = None):
         self.enabled = enabled
         self.path = Path(path)
         self._tb = self._wandb = None
         if not enabled:
             return
+        check_sinks(sinks)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if "tensorboard" in sinks:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise DependencyError("tracking: tensorboard needs pip install 'reasoner[tracking]'"
-                                  ) from exc
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
         if "wandb" in sinks:
-            try:
-                import wandb
-            except ImportError as exc:
-                raise DependencyError("tracking: wandb needs pip install 'reasoner[tracking]'") from exc
-            self._wandb = wandb.init(config=config, dir=str(self.path.parent))
+            import wandb
+
+            self._wandb = wandb.init(project=project, name=name or self.path.parent.name,
+                                     config=config, dir=str(self.path.parent))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
         with open(self.path, "a") as fh:
-            fh.write(json.dumps({"step": step, **metrics}) + "\n")
+            fh.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
         if self._tb:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, v, step)
@@ -63,6 +75,17 @@ class MetricsLog:
                 if line.strip() and json.loads(line)["step"] <= step]
         self.path.write_text("".join(line + "\n" for line in keep))
 
+    def summary(self, values: dict) -> None:
+        """A run's end numbers (counts, final loss, eval scores): wandb's run summary, and
+        scalars under `summary/` in tensorboard; the numbers only."""
+        numbers = {k: v for k, v in values.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb:
+            for k, v in numbers.items():
+                self._tb.add_scalar(f"summary/{k}", v, 0)
+        if self._wandb:
+            self._wandb.summary.update(numbers)
+
     def close(self) -> None:
         if self._tb:
             self._tb.close()
@@ -70,8 +93,16 @@ class MetricsLog:
             self._wandb.finish()
 
 
-def progress_bar(enabled: bool):
-    """A rich progress bar with ETA (disabled off the main process or when asked)."""
+PLAIN_EVERY_S = 15.0  # a plain progress line at least this often (batch logs: SLURM, nohup, CI)
+
+
+def progress_bar(enabled: bool, every_s: float = PLAIN_EVERY_S):
+    """Progress of a long stage on stderr: a rich bar with ETA on a terminal, plain lines with
+    rate and ETA every `every_s` seconds (and one at the end) in a log, where a bar would print
+    once, when it is done. Nothing when not `enabled` (off the main process, or asked)."""
+    import sys
+
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -81,9 +112,70 @@ def progress_bar(enabled: bool):
         TimeRemainingColumn,
     )
 
+    if enabled and not sys.stderr.isatty():
+        return PlainProgress(every_s)
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    disable=not enabled, transient=False)
+                    disable=not enabled, transient=False, console=Console(stderr=True))
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class PlainProgress:
+    """The progress bar's interface (`add_task`, `update`, a context manager) as plain lines:
+    `[progress] sft 120/1130 (10.6%) 2.10/s elapsed 0:57 ETA 8:01 loss 0.41`."""
+
+    def __init__(self, every_s: float = PLAIN_EVERY_S, stream=None, clock=time.monotonic):
+        self.every_s, self.clock = every_s, clock
+        self.stream = stream
+        self.tasks: dict[int, dict] = {}
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for task in self.tasks.values():
+            if task["printed_at"] != task["completed"]:
+                self._print(task)
+
+    def add_task(self, description: str, total: float | None = None, completed: float = 0,
+                 info: str = "", **_) -> int:
+        now = self.clock()
+        self.tasks[len(self.tasks)] = {"description": description, "total": total,
+                                       "completed": completed, "start_done": completed,
+                                       "info": info, "started": now, "last": now,
+                                       "printed_at": None}
+        return len(self.tasks) - 1
+
+    def update(self, task: int, advance: float = 0, info: str | None = None, **_) -> None:
+        t = self.tasks[task]
+        t["completed"] += advance
+        if info is not None:
+            t["info"] = info
+        if self.clock() - t["last"] >= self.every_s:
+            self._print(t)
+
+    def _print(self, t: dict) -> None:
+        import sys
+
+        now = self.clock()
+        t["last"], t["printed_at"] = now, t["completed"]
+        elapsed = now - t["started"]
+        done = t["completed"] - t["start_done"]
+        rate = done / elapsed if elapsed > 0 else 0.0
+        line = f"[progress] {t['description']} {t['completed']:g}"
+        if t["total"]:
+            line += f"/{t['total']:g} ({100 * t['completed'] / t['total']:.1f}%)"
+        line += f" {rate:.2f}/s elapsed {_clock(elapsed)}"
+        if t["total"] and rate > 0:
+            line += f" ETA {_clock((t['total'] - t['completed']) / rate)}"
+        if t["info"]:
+            line += f" {t['info']}"
+        print(line, file=self.stream or sys.stderr, flush=True)
 
 
 class Timer:

@@ -30,7 +30,7 @@ from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
 from reasoner.records import SFTExample
-from reasoner.runlog import progress_bar
+from reasoner.runlog import check_sinks, progress_bar
 from reasoner.training import schedule
 
 
@@ -174,6 +174,8 @@ def run(cfg: SFTConfig) -> Path:
     out = Path(cfg.output_dir)
     if shards.finished(out, dump(cfg)):
         return out / "final"
+    models.check_model(cfg.model.name_or_path)
+    check_sinks(cfg.run.tracking)
     env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)

@@ -35,7 +35,7 @@ from reasoner.rl.objectives import (
 )
 from reasoner.rl.rollouts import Rollouts, load_rollouts, sampling_of
 from reasoner.rl.token_rm import TokenRewardModel, token_weights
-from reasoner.runlog import progress_bar
+from reasoner.runlog import check_sinks, progress_bar
 from reasoner.training import schedule
 
 
@@ -233,6 +233,10 @@ def run(cfg: OfflineConfig) -> Path:
     out, obj = Path(cfg.output_dir), cfg.objective
     if shards.finished(out, dump(cfg)):
         return out / "final"
+    models.check_model(cfg.model.name_or_path)
+    check_sinks(cfg.run.tracking)  # before the rollouts are tokenized and cached
+    if cfg.reference is not None:
+        models.check_model(cfg.reference, "reference")
     env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = load_rollouts(cfg, tokenizer, dist)

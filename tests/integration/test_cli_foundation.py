@@ -29,7 +29,7 @@ def test_data_synth_and_model_tiny_from_shipped_configs(tmp_path):
     out = reasoner("data", "synth", str(REPO / "configs/quickstart/data_synth.yaml"),
                    f"output_dir={tmp_path}/data", "num_train=50", "num_test=10")
     assert out.returncode == 0, out.stderr
-    assert "examples=50" in out.stderr
+    assert "examples=50" in out.stdout
     for name, count in (("train_problems", 50), ("test_problems", 10), ("sft", 50)):
         manifest = json.loads((tmp_path / "data" / name / "manifest.json").read_text())
         assert manifest["complete"] and manifest["config"]["num_train"] == 50
@@ -39,7 +39,7 @@ def test_data_synth_and_model_tiny_from_shipped_configs(tmp_path):
                    "model.num_hidden_layers=1")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "model" / "model.safetensors").exists()
-    assert "Qwen2ForCausalLM, 1 layers" in out.stderr
+    assert "Qwen2ForCausalLM, 1 layers" in out.stdout
 
 
 def test_bad_config_stops_before_work_with_exit_2(tmp_path):

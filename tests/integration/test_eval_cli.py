@@ -37,7 +37,7 @@ def test_eval_bench_report_recomputed_independently(quickstart_sft, tmp_path):
     run = reasoner("eval", "bench", CFG, f"model.name_or_path={root}/sft/final", "sampling.n=4",
                    f"data=[{{path: {root}/data/test_problems, limit: {PROBLEMS}}}]", "--out", str(out),
                    "--name", "synthetic")
-    assert "pass@1 (avg@4)" in run.stderr and "maj@4" in run.stderr
+    assert "pass@1 (avg@4)" in run.stdout and "maj@4" in run.stdout
     for name in ("report.json", "report.md", "accuracy_by_length.png", "length_hist.png",
                  "pass_at_k.png"):
         assert (out / name).exists(), name
@@ -86,7 +86,7 @@ def test_eval_bench_resumes_without_regenerating(tiny_model_dir, synth_dir, tmp_
     manifest = json.loads((out / "samples" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["last_run"]["generated"] == 40
     assert part.read_bytes().splitlines(keepends=True)[:60] == lines[:60]
-    assert (out / "report.json").exists() and "pass@1" in again.stderr
+    assert (out / "report.json").exists() and "pass@1" in again.stdout
 
 
 def test_eval_compare_marks_significance(tmp_path):

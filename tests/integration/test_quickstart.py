@@ -61,7 +61,7 @@ def test_quickstart_recipe_at_ci_scale(quickstart_sft):
     state = json.loads((root / "pipeline.json").read_text())["stages"]
     assert set(state) == set(STAGES) and all(s["status"] == "done" for s in state.values())
     # the final table names every stage with its headline
-    assert all(name in out.stderr for name in STAGES) and "pass@1" in out.stderr
+    assert all(name in out.stdout for name in STAGES) and "pass@1" in out.stdout
 
     # SFT taught the task: the loss starts at log(vocab) (a from-scratch model knows nothing)
     # and ends far below it; the model then solves held-out problems the random model cannot

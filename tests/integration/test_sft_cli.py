@@ -107,7 +107,7 @@ def test_saved_folder_loads_with_auto_classes(tmp_path, synth_dir, tiny_model_di
     out = tmp_path / "run"
     done = reasoner(*args(synth_dir, tiny_model_dir, out, "run.max_steps=2"))
     assert done.returncode == 0, done.stderr
-    assert "final model" in done.stderr and "steps" in done.stderr
+    assert "final model" in done.stdout and "steps" in done.stdout
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     tok = AutoTokenizer.from_pretrained(out / "final")
     assert tok.chat_template == AutoTokenizer.from_pretrained(tiny_model_dir).chat_template

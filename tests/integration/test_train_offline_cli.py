@@ -49,7 +49,7 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["counts"]["resumed_from"] >= 2
     assert same(out / "final", tmp_path / "ref" / "final", 1e-6)
-    assert "objective" in again.stderr and "dapo" in again.stderr
+    assert "objective" in again.stdout and "dapo" in again.stdout
 
 
 OBJECTIVES = [

@@ -17,13 +17,14 @@ MAX_LINES = 400  # STYLE.md: a module past ~400 lines holds two ideas
 # Modules whose tests live in a test module of another name: module -> that test file.
 HOMES = {
     "reasoner.errors": "integration/test_cli_foundation.py",
-    "reasoner.runlog": "unit/training/test_training.py",
     "reasoner.cli": "integration/test_cli_foundation.py",
     "reasoner.cli.common": "integration/test_cli_foundation.py",
     "reasoner.cli.stage_commands": "integration/test_sft_cli.py",
     "reasoner.cli.eval_commands": "integration/test_eval_cli.py",
     "reasoner.cli.recipe_commands": "integration/test_run_cli.py",
     "reasoner.cli.export_commands": "unit/export/test_mindspeed.py",
+    "reasoner.cli.config_commands": "integration/test_user_mistakes.py",
+    "reasoner.pipeline.inputs": "integration/test_recipes.py",
     "reasoner.models.load": "unit/models/test_models.py",
     "reasoner.models.tiny": "unit/models/test_models.py",
     "reasoner.models.fsdp": "unit/training/test_checkpoints.py",

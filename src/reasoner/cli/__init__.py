@@ -13,23 +13,24 @@ from typing import Annotated
 import typer
 
 from reasoner import __version__
-from reasoner.cli import eval_commands, export_commands, recipe_commands, stage_commands
-from reasoner.config import SFTConfig
-from reasoner.pipeline.recipe import RecipeConfig
-from reasoner.pipeline.registry import command_configs
+from reasoner.cli import (
+    config_commands,
+    eval_commands,
+    export_commands,
+    recipe_commands,
+    stage_commands,
+)
+from reasoner.cli.common import CONFIG_MODELS  # noqa: F401  (re-exported)
 
 app = typer.Typer(
     name="reasoner",
     help="Train LLMs to reason about math with offline RL: "
     "sft -> infer -> verify -> train-offline -> eval.",
     no_args_is_help=True,
-    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
 )
 
-# Which config model each command reads (tests load every shipped YAML through this).
-CONFIG_MODELS: dict[str, type] = {**command_configs(), "run": RecipeConfig,
-                                   "export mindspeed": SFTConfig}
 
 
 def _version(value: bool) -> None:
@@ -59,6 +60,8 @@ app.add_typer(export_commands.export_app, name="export")
 app.add_typer(eval_commands.eval_app, name="eval")
 app.command("run")(recipe_commands.run_recipe)
 app.command("plan")(recipe_commands.plan_recipe)
+config_commands.config_app.command("show")(config_commands.config_show)
+app.add_typer(config_commands.config_app, name="config")
 
 if __name__ == "__main__":
     app()

@@ -1,5 +1,5 @@
-"""What every command module of the CLI shares: the console, user-error handling, config
-loading and the summary table. It imports no command module and not the app (cli/__init__.py
+"""What every command module of the CLI shares: the two streams (results on stdout; progress,
+logs and errors on stderr), user-error handling, config loading and the summary table. It imports no command module and not the app (cli/__init__.py
 builds the app from the command modules, which import this).
 """
 
@@ -14,12 +14,34 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from reasoner.config import load
+from reasoner.config import SFTConfig, load
 from reasoner.errors import ConfigError, ReasonerError
+from reasoner.pipeline.recipe import RecipeConfig
+from reasoner.pipeline.registry import command_configs
 
-console = Console(stderr=True)
 
-ConfigArg = Annotated[Path, typer.Argument(help="stage config (YAML)", show_default=False)]
+def results() -> Console:
+    """Results (summary tables, reports, comparisons) go to stdout; in a log (not a terminal) a
+    table is never wrapped at 80 columns: one row stays one line."""
+    c = Console()
+    return c if c.is_terminal else Console(width=1000)
+
+
+def logs() -> Console:
+    """Progress, logs, warnings and errors go to stderr."""
+    c = Console(stderr=True)
+    return c if c.is_terminal else Console(stderr=True, width=1000)
+
+
+_started: dict[str, float] = {}
+
+# Which config model each command reads (`config show`; tests load every shipped YAML with it).
+CONFIG_MODELS: dict[str, type] = {**command_configs(), "run": RecipeConfig,
+                                   "export mindspeed": SFTConfig}
+
+ConfigArg = Annotated[Path, typer.Argument(
+    help="stage config (YAML); every key it takes: reasoner config show COMMAND",
+    show_default=False)]
 OverridesArg = Annotated[
     list[str] | None,
     typer.Argument(help="overrides key.sub=value (values parsed as YAML)", show_default=False),
@@ -32,23 +54,27 @@ USER_ERRORS: tuple[type[Exception], ...] = (ReasonerError,)
 
 def fail(name: str, message: str) -> NoReturn:
     """End the command with a user-fixable error: its name, the message as plain text, exit 2."""
-    console.print(f"[bold red]reasoner {name}: error[/]")
-    console.print(message, markup=False, highlight=False, soft_wrap=True)
+    logs().print(f"[bold red]reasoner {name}: error[/]")
+    logs().print(message, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(2) from None
 
 
 def run_stage(name: str, fn: Callable[[], Any]) -> Any:
     """Run one stage, turning user-fixable errors into a one-paragraph message and exit code 2."""
-    started = time.perf_counter()
+    _started.setdefault(name, time.perf_counter())
     try:
-        result = fn()
+        return fn()
     except USER_ERRORS as exc:
         fail(name, str(exc))
     except KeyboardInterrupt:
-        console.print(f"[yellow]reasoner {name}: interrupted; rerun the same command to resume[/]")
+        logs().print(f"[yellow]reasoner {name}: interrupted; rerun the same command to resume[/]")
         raise typer.Exit(130) from None
-    console.print(f"[green]reasoner {name}: done in {time.perf_counter() - started:.1f}s[/]")
-    return result
+
+
+def done(name: str) -> None:
+    """The last line of a command, after its results: how long it took (stderr)."""
+    seconds = time.perf_counter() - _started.pop(name, time.perf_counter())
+    logs().print(f"[green]reasoner {name}: done in {seconds:.1f}s[/]")
 
 
 def load_config(name: str, model_cls: type, config: Path, overrides: list[str] | None) -> Any:
@@ -59,11 +85,19 @@ def load_config(name: str, model_cls: type, config: Path, overrides: list[str] |
         fail(name, str(exc))
 
 
+def shown(value: Any) -> str:
+    """A value as a summary shows it: floats to 4 significant digits (-0.5884, not
+    -0.5883578583598137), large ones with thousands separators."""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 10_000 else f"{value:.4g}"
+    return str(value)
+
+
 def summary(title: str, rows: list[tuple[str, Any]]) -> None:
     table = Table(title=title, show_header=False, title_justify="left")
     for key, value in rows:
-        table.add_row(key, str(value))
-    console.print(table)
+        table.add_row(key, shown(value))
+    results().print(table)
 
 
 def is_main() -> bool:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from reasoner.cli.common import OverridesArg, fail, load_config, run_stage, summary
+from reasoner.cli.common import OverridesArg, done, fail, load_config, results, run_stage, summary
 from reasoner.config import EvalConfig
+
+
+class Year(str, Enum):
+    y2024 = "2024"
+    y2025 = "2025"
+    all = "all"
+
 
 eval_app = typer.Typer(help="Evaluate models: AIME, any benchmark file, comparisons.",
                        no_args_is_help=True)
@@ -63,7 +71,7 @@ def _eval_summary(out: Path) -> None:
 def eval_aime(
     target: TargetArg,
     overrides: OverridesArg = None,
-    year: Annotated[str, typer.Option("--year", help="2024, 2025 or all")] = "all",
+    year: Annotated[Year, typer.Option("--year", help="which AIME")] = Year.all,
     data: Annotated[list[Path] | None, typer.Option(
         "--data", help="local AIME file(s) instead of the hub (one per year, in order)")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
@@ -72,9 +80,8 @@ def eval_aime(
     from reasoner import eval as stage
     from reasoner.eval.benchmarks import AIME, AIME_NAMES, local
 
+    year = Year(year).value
     years = ["2024", "2025"] if year == "all" else [year]
-    if any(y not in AIME for y in years):
-        fail("eval aime", f"--year must be 2024, 2025 or all, not {year}")
     if data and len(data) != len(years):
         fail("eval aime", "give one --data file per year")
     for i, y in enumerate(years):
@@ -83,6 +90,7 @@ def eval_aime(
         cfg = _eval_config(target, AIME_NAMES[y], sources, sub, overrides, explicit=bool(data))
         result = run_stage(f"eval aime {y}", lambda cfg=cfg: stage.run(cfg))
         _eval_summary(result)
+        done(f"eval aime {y}")
 
 
 @eval_app.command("bench")
@@ -104,15 +112,18 @@ def eval_bench(
     cfg = _eval_config(target, bench, sources, out, overrides)
     result = run_stage("eval bench", lambda: stage.run(cfg))
     _eval_summary(result)
+    done("eval bench")
 
 
 @eval_app.command("compare")
 def eval_compare(
     reports: Annotated[list[Path], typer.Argument(help="eval folders or report.json files")],
-    out: Annotated[Path | None, typer.Option("--out", help="write compare.md/json/png here")] = None,
+    folder: Annotated[Path | None, typer.Option("--out", help="write compare.md/json/png here")
+                      ] = None,
 ) -> None:
     """Reports side by side, differences vs the first, paired-bootstrap significance."""
     from reasoner.eval.report import compare
 
-    result = run_stage("eval compare", lambda: compare(reports, out))
-    typer.echo(result["markdown"])
+    result = run_stage("eval compare", lambda: compare(reports, folder))
+    results().print(result["markdown"], markup=False, highlight=False, soft_wrap=True)
+    done("eval compare")

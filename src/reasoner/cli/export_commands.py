@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from reasoner.cli.common import ConfigArg, OverridesArg, load_config, run_stage, summary
+from reasoner.cli.common import ConfigArg, OverridesArg, done, load_config, run_stage, summary
 from reasoner.config import SFTConfig
 
 export_app = typer.Typer(help="Write scripts for other training stacks.", no_args_is_help=True)
@@ -37,6 +37,7 @@ def export_mindspeed(
     summary("export mindspeed", [("parallel", f"TP {par.tp}, PP {par.pp}, {par.nodes} node(s) x "
                                               f"{par.npus_per_node} NPUs"),
                                  *[(p.name, p) for p in written]])
+    done("export mindspeed")
 
 
 @export_app.command("mindspeed-data")
@@ -53,3 +54,4 @@ def export_mindspeed_data(
     cfg = load_config("export mindspeed-data", SFTConfig, config, overrides)
     counts = run_stage("export mindspeed-data", lambda: mindspeed.prepare_data(cfg, out))
     summary("export mindspeed-data", [("file", out), *counts.items()])
+    done("export mindspeed-data")

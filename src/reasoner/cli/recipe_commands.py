@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from reasoner.cli.common import USER_ERRORS, OverridesArg, console, fail, run_stage
+from reasoner.cli.common import USER_ERRORS, OverridesArg, done, fail, logs, results, run_stage
+from reasoner.pipeline.memory import PEAK_TFLOPS
+
+Kind = Enum("Kind", {k: k for k in PEAK_TFLOPS if k != "cpu"}, type=str)  # --kind's choices
+
+
+class Layout(str, Enum):
+    fsdp = "fsdp"
+    mindspeed = "mindspeed"
 
 
 def run_recipe(
@@ -44,11 +52,12 @@ def run_recipe(
     def go() -> list:
         cfg = load_recipe(recipe, overrides or [])
         return pipeline.run(cfg, recipe.parent, start, until, dry_run,
-                            echo=lambda line: console.print(line, markup=False, highlight=False,
-                                                          soft_wrap=True))
+                            echo=lambda line: logs().print(line, markup=False, highlight=False,
+                                                         soft_wrap=True))
 
     stages = run_stage("run", go)
     if dry_run:
+        done("run")
         return
     run_dir = stages[0].out.parent if stages else ""
     table = Table(title=f"reasoner run {recipe}: {run_dir}/", title_justify="left")
@@ -56,7 +65,8 @@ def run_recipe(
         table.add_column(col)
     for s in stages:
         table.add_row(s.name, s.status, f"{s.seconds:.0f}s", s.artifact, s.headline)
-    console.print(table, width=None if console.is_terminal else 130)  # logs: one row per stage
+    results().print(table)
+    done("run")
 
 
 def plan_recipe(
@@ -64,9 +74,13 @@ def plan_recipe(
     overrides: OverridesArg = None,
     devices: Annotated[int, typer.Option("--devices", help="GPUs / NPUs in all")] = 8,
     mem: Annotated[float, typer.Option("--device-mem-gib", help="memory of one device")] = 80.0,
-    kind: Annotated[str, typer.Option("--kind", help="gpu or npu (peak FLOPs for the time)")] = "gpu",
-    layout: Annotated[str, typer.Option(
-        "--layout", help="fsdp (this trainer) or mindspeed (export mindspeed: TP x PP)")] = "fsdp",
+    kind: Annotated[Kind, typer.Option(
+        "--kind", help="device kind: its peak bf16 TFLOP/s times the step (gpu = h100)")] = "gpu",
+    tflops: Annotated[float | None, typer.Option(
+        "--tflops", help="peak bf16 TFLOP/s of one device, instead of --kind's")] = None,
+    layout: Annotated[Layout, typer.Option(
+        "--layout", help="fsdp (this trainer) or mindspeed (export mindspeed: TP x PP)")
+    ] = Layout.fsdp,
     tp: Annotated[int, typer.Option("--tp", help="mindspeed tensor parallel size")] = 8,
     pp: Annotated[int, typer.Option("--pp", help="mindspeed pipeline parallel size")] = 4,
     mfu: Annotated[float, typer.Option("--mfu", help="assumed model FLOPs utilisation")] = 0.35,
@@ -74,12 +88,12 @@ def plan_recipe(
     """Memory per device and time per step of every stage, before running: fits or not."""
     from reasoner.pipeline import memory
 
-    if kind not in ("gpu", "npu") or layout not in ("fsdp", "mindspeed"):
-        fail("plan", "--kind is gpu or npu; --layout is fsdp or mindspeed")
+    kind, layout = Kind(kind).value, Layout(layout).value
     plans = run_stage("plan", lambda: memory.plan_recipe(recipe, devices, mem, kind, mfu,
-                                                       overrides, layout, tp, pp))
-    table = Table(title=f"reasoner plan {recipe}: {devices} x {mem:g} GiB {kind}, training "
-                        f"layout {layout}", title_justify="left")
+                                                       overrides, layout, tp, pp, tflops))
+    peak = tflops or PEAK_TFLOPS[kind]
+    table = Table(title=f"reasoner plan {recipe}: {devices} x {mem:g} GiB {kind} ({peak:g} "
+                        f"TFLOP/s, MFU {mfu:g}), training layout {layout}", title_justify="left")
     for col in ("stage", "per device", "GiB", "need / have GiB", "s / step", "verdict"):
         table.add_column(col)
     for sp in plans:
@@ -88,7 +102,7 @@ def plan_recipe(
                                 for v in sp.parts.values()),
                       f"{sp.need_gib:.1f} / {sp.have_gib:.1f}",
                       f"{sp.step_s:.0f}" if sp.step_s else "-", sp.verdict)
-    wide = console if console.is_terminal else Console(stderr=True, width=140)  # logs: no wrap
-    wide.print(table)
+    results().print(table)
+    done("plan")
     if not all(sp.fits for sp in plans):
         raise typer.Exit(1)

@@ -5,6 +5,7 @@ and prints a summary; cli/__init__.py registers them on the app.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,7 @@ import typer
 from reasoner.cli.common import (
     ConfigArg,
     OverridesArg,
-    fail,
+    done,
     is_main,
     load_config,
     run_stage,
@@ -28,6 +29,14 @@ from reasoner.config import (
     VerifyConfig,
     load,
 )
+
+
+class Dtype(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
 
 data_app = typer.Typer(help="Make and inspect datasets.", no_args_is_help=True)
 model_app = typer.Typer(help="Build or import models.", no_args_is_help=True)
@@ -48,6 +57,7 @@ def data_synth(config: ConfigArg, overrides: OverridesArg = None) -> None:
         counts = (shards.read_manifest(folder) or {}).get("counts", {})
         rows.append((name, f"{folder}  {', '.join(f'{k}={v}' for k, v in counts.items())}"))
     summary("data synth", rows)
+    done("data synth")
 
 
 @model_app.command("tiny")
@@ -63,6 +73,7 @@ def model_tiny(config: ConfigArg, overrides: OverridesArg = None) -> None:
                          f"{info['hidden_size']}, vocab {info['vocab_size']}"),
         ("parameters", f"{info['parameters']:,}"),
     ])
+    done("model tiny")
 
 
 @model_app.command("import")
@@ -71,16 +82,17 @@ def model_import(
                                           show_default=False)],
     output_dir: Annotated[Path, typer.Argument(help="folder to write", show_default=False)],
     gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside SOURCE")] = None,
-    dtype: Annotated[str, typer.Option(help="auto (GGUF: float32), float32, bfloat16, float16")
-                     ] = "auto",
-    overwrite: Annotated[bool, typer.Option(help="replace a model already in OUTPUT_DIR")] = False,
-    trust_remote_code: Annotated[bool, typer.Option(help="allow the model's own code")] = False,
+    dtype: Annotated[Dtype, typer.Option(help="weights dtype (auto: GGUF as float32, else as "
+                                              "stored)")] = Dtype.auto,
+    overwrite: Annotated[bool, typer.Option("--overwrite",
+                                            help="replace a model already in OUTPUT_DIR")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code",
+                                                    help="allow the model's own code")] = False,
 ) -> None:
     """Write a GGUF file or any HF model as a plain safetensors folder every stage loads."""
     from reasoner import models
 
-    if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        fail("model import", f"--dtype {dtype!r}: choose auto, float32, bfloat16 or float16")
+    dtype = Dtype(dtype).value
     info = run_stage("model import", lambda: models.import_model(
         source, output_dir, gguf_file, dtype, overwrite, trust_remote_code))
     described = models.describe(info["folder"])
@@ -92,6 +104,7 @@ def model_import(
         ("parameters", f"{info['parameters']:,} ({info['dtype']})"),
         ("stops on", info["stop_token_ids"]),
     ])
+    done("model import")
 
 
 def _train(name: str, model_cls: type, module: str, config: Path,
@@ -106,6 +119,7 @@ def _train(name: str, model_cls: type, module: str, config: Path,
     counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
     if is_main():
         summary(name, [(k.replace("_", " "), v) for k, v in counts.items()] or [("model", final)])
+        done(name)
 
 
 def sft(config: ConfigArg, overrides: OverridesArg = None) -> None:
@@ -132,12 +146,16 @@ def infer(
              for k, v in counts.items()]
     last = manifest.get("last_run", {})
     if last.get("load_seconds") is not None:
-        rows.append(("model load", f"{last['load_seconds']:.1f} s (engine start on vllm)"))
+        from reasoner.infer.engines import pick_backend
+
+        engine = " (vLLM engine start)" if pick_backend(cfg.backend) == "vllm" else ""
+        rows.append(("model load", f"{last['load_seconds']:.1f} s{engine}"))
     if last.get("seconds"):
         rows.append(("throughput", f"{last['generated'] / last['seconds']:.1f} samples/s, "
                                    f"{last['tokens'] / last['seconds']:,.0f} tokens/s "
                                    "(generation alone)"))
     summary("infer", rows)
+    done("infer")
 
 
 def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
@@ -168,6 +186,7 @@ def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
         rows.append(("throughput", f"{c['verified_this_run']} verified, {c['samples_per_s']} samples/s"))
     rows.append(("stats", out / "stats.json"))
     summary("verify", rows)
+    done("verify")
 
 
 def explain(
@@ -186,6 +205,7 @@ def explain(
             *([("recorded", f"{r['recorded']} ({r['verifier']})")] if r["recorded"] else []),
             *([("judge said", r["judge_output"])] if r["judge_output"] else []),
             ("response ends", r["response_tail"])])
+    done("explain")
 
 
 def train_offline(config: ConfigArg, overrides: OverridesArg = None) -> None:

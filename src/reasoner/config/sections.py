@@ -107,7 +107,16 @@ class DataConfig(Strict):
         "read, e.g. the math file of a multi-domain set; null = all of them")
     streaming: bool = Field(False, description="stream an HF dataset instead of downloading it "
                             "whole (also used whenever `limit` is set)")
-    limit: int | None = Field(None, ge=1, description="read at most this many rows (smoke tests)")
+    limit: int | None = Field(None, ge=1, description="read at most this many rows (a pool's size; "
+                              "smoke tests)")
+    answer_from: str | None = Field(
+        None, description="problems without an answer column: the reference answer is the last "
+        "\\boxed{} of this (dotted) field, e.g. messages.1.content; rows without one are skipped "
+        "and counted")
+    shuffle_buffer: int | None = Field(
+        None, ge=1, description="streamed hub sets: draw rows through a shuffle buffer of this "
+        "many, so a limited pool is not the first rows of the first file")
+    seed: int = Field(0, description="seed of that shuffle")
 
 
 class OptimConfig(Strict):
@@ -145,4 +154,7 @@ class RunConfig(Strict):
     log_every: int = Field(1, ge=1, description="write metrics every N steps")
     tracking: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="extra metric sinks (install reasoner[tracking])")
+    project: str = Field("reasoner", description="wandb project of the run")
+    run_name: str | None = Field(None, description="wandb run name; default: the output "
+                                 "folder's name (sft, rl, eval-rl, ...)")
     progress: bool = Field(True, description="show a progress bar")

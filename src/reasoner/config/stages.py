@@ -216,6 +216,10 @@ class VerifyConfig(Strict):
         "negative", description="unparseable judge replies: reward -1, or drop the sample")
     timeout: Literal["negative", "drop"] = Field(
         "negative", description="rule checks past their limit: reward -1, or drop the sample")
+    extraction: Literal["strict", "flexible"] = Field(
+        "strict", description="strict: the final answer (answer tags, \\boxed{}); flexible: the "
+        "last number of the response when strict finds no answer at all (lm-eval's GSM8K "
+        "flexible-extract), never overriding a strict answer")
     tokenizer: str | None = Field(
         None, description="tokenizer that counts reasoning tokens; default: the samples' model")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="LLM judge")
@@ -243,6 +247,9 @@ class EvalConfig(Strict):
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
     mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
         "rule", description="verifier (see reasoner verify)")
+    extraction: Literal["strict", "flexible"] = Field(
+        "strict", description="answer extraction (see reasoner verify); with flexible the report "
+        "also gives every number under strict extraction")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="optional LLM judge")
     workers: int = Field(2, ge=1, description="rule-verifier worker processes")
     timeout_s: float = Field(5.0, gt=0, description="hard limit per rule check")
@@ -251,6 +258,12 @@ class EvalConfig(Strict):
     )
     bootstrap: int = Field(1000, ge=100, description="bootstrap resamples for the 95% interval")
     seed: int = Field(0, description="bootstrap seed")
+    tracking: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="also log the report's numbers there "
+        "(install reasoner[tracking])")
+    project: str = Field("reasoner", description="wandb project of the eval run")
+    run_name: str | None = Field(None, description="wandb run name; default: the output "
+                                 "folder's name")
 
 
 class OfflineConfig(Strict):

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from reasoner import shards
+from reasoner import hub, shards
 from reasoner.config import DataConfig
 from reasoner.errors import DataError
 from reasoner.records import Problem, Row, SFTExample
@@ -54,6 +55,9 @@ def _located(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
             f"{path}: not a shard folder or a .jsonl/.json/.parquet file"
         )
     else:
+        why = hub.missing(cfg.path, "data.path", "file or folder")  # a typo: no hub call
+        if why:
+            raise DataError(why)
         yield from _hub(cfg)
 
 
@@ -75,6 +79,8 @@ def _hub(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
     try:
         ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split,
                                    data_files=cfg.data_files, streaming=stream)
+        if stream and cfg.shuffle_buffer:
+            ds = ds.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)
     except Exception as exc:  # noqa: BLE001  (hub errors have many types; all mean the same here)
         raise DataError(
             f"{cfg.path}: neither a local path nor a loadable HF dataset ({type(exc).__name__}: {exc})"
@@ -130,16 +136,19 @@ def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str
                 theirs = next((n for n in names if n in row), None)
                 if theirs is not None:
                     row[ours] = row.pop(theirs)
-        final_answer(row)
+        final_answer(row, cfg.answer_from)
     return row
 
 
-def final_answer(row: dict) -> None:
+def final_answer(row: dict, answer_from: str | None = None) -> None:
     """Reduce a worked answer to the final one: GSM8K's `... #### 18` to `18`, a MATH-style
-    `solution` (no `answer`) to its last \\boxed{}."""
-    if "answer" not in row and isinstance(row.get("solution"), str):
-        from reasoner.verify.extract import extract_answer
+    `solution` (no `answer`), or the field `answer_from` names, to its last \\boxed{}."""
+    from reasoner.verify.extract import extract_answer
 
+    if answer_from is not None and "answer" not in row:
+        found, text = lookup(row, answer_from)
+        row["answer"] = extract_answer(text) if found and isinstance(text, str) else None
+    if "answer" not in row and isinstance(row.get("solution"), str):
         row["answer"] = extract_answer(row["solution"])
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
         row["answer"] = row["answer"].split("####")[-1].strip().replace(",", "")
@@ -150,12 +159,15 @@ def iter_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> Iterator[di
     through `cfg.fields` and validated against `row_type`."""
     stem = Path(cfg.path).stem if Path(cfg.path).exists() else cfg.path.replace("/", "_")
     stem += f"-{cfg.subset}" if cfg.subset else ""
-    count = 0
+    count = skipped = 0
     for where, row in _located(cfg):
         if "id" not in row and "id" not in cfg.fields and row_type is not None \
                 and "id" in row_type.model_fields:
             row["id"] = f"{stem}-{count}"  # files without ids (the AIME jsonl files)
         row = normalize(row, cfg, row_type, where)
+        if cfg.answer_from is not None and row.get("answer") is None:
+            skipped += 1  # no \boxed{} in the solution: no reference to verify against
+            continue
         for key in ("id", "answer"):  # ids and reference answers are strings everywhere
             if key in row and isinstance(row[key], int | float) and not isinstance(row[key], bool):
                 row[key] = str(row[key])
@@ -163,6 +175,9 @@ def iter_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> Iterator[di
         count += 1
         if cfg.limit and count >= cfg.limit:
             break
+    if skipped:
+        print(f"[data] {cfg.path}: skipped {skipped} rows whose {cfg.answer_from} has no "
+              f"\\boxed{{}} answer; kept {count}", file=sys.stderr)
 
 
 def read_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> list[dict]:

@@ -17,6 +17,10 @@ from reasoner.errors import DataError
 from reasoner.eval import metrics, report
 from reasoner.eval.benchmarks import load_problems
 from reasoner.records import Problem, Verified
+from reasoner.runlog import MetricsLog, check_sinks
+
+SUMMARY_KEYS = ("problems", "k", "pass@1", "maj@k", "mean_response_tokens", "truncation_rate",
+                "no_answer_rate")
 
 
 def _write_problems(cfg: EvalConfig, folder: Path) -> None:
@@ -36,8 +40,11 @@ def _write_problems(cfg: EvalConfig, folder: Path) -> None:
 def run(cfg: EvalConfig, progress: bool = True) -> Path:
     """Evaluate; return the folder holding report.json / report.md / plots."""
     from reasoner import infer, verify
+    from reasoner.models.load import check_model
     from reasoner.verify.rules import VerifierPool
 
+    check_model(cfg.model.name_or_path)  # before anything is written
+    check_sinks(cfg.tracking)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     _write_problems(cfg, out / "problems")
@@ -48,7 +55,7 @@ def run(cfg: EvalConfig, progress: bool = True) -> Path:
         overwrite=True), progress=progress)
     verified = verify.run(VerifyConfig(
         input_dir=samples, output_dir=out / "verified", mode=cfg.mode, template=cfg.template,
-        workers=cfg.workers, timeout_s=cfg.timeout_s, judge=cfg.judge,
+        extraction=cfg.extraction, workers=cfg.workers, timeout_s=cfg.timeout_s, judge=cfg.judge,
         filters=FilterConfig(truncated="negative", dedupe=False, drop_zero_variance=False),
     ), progress=progress)
     rows = list(shards.iter_rows(verified, Verified))
@@ -57,9 +64,21 @@ def run(cfg: EvalConfig, progress: bool = True) -> Path:
             return pool.map([(a, b)])[0] is True
 
         scores = metrics.summarize(rows, same, cfg.length_buckets, cfg.bootstrap, cfg.seed)
+        if cfg.extraction == "flexible":  # the same samples read strictly, for comparison
+            strict = metrics.summarize(metrics.strict_only(rows), same, cfg.length_buckets,
+                                       cfg.bootstrap, cfg.seed)
+            scores["strict"] = {k: strict[k] for k in ("pass@1", "pass@1_ci95", "maj@k",
+                                                       "no_answer_rate")}
+            for p, q in zip(scores["per_problem"], strict["per_problem"], strict=True):
+                p["accuracy_strict"] = q["accuracy"]
     result = {"benchmark": cfg.benchmark, "model": cfg.model.name_or_path, **scores,
               "config": dump(cfg)}
     result["plots"] = report.plots(result, rows, out)
     report.write_markdown(result, out / "report.md")
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    if cfg.tracking:
+        log = MetricsLog(out / "metrics.jsonl", cfg.tracking, dump(cfg), True, cfg.project,
+                         cfg.run_name)
+        log.summary({k: v for k, v in result.items() if k in SUMMARY_KEYS})
+        log.close()
     return out

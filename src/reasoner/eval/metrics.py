@@ -100,6 +100,13 @@ def length_buckets(rows: list[dict], edges: list[int]) -> list[dict]:
             for lab, (n, c) in stats.items()]
 
 
+def strict_only(rows: list[dict]) -> list[dict]:
+    """The rows as strict extraction reads them: an answer found only as the last number
+    (verify.extraction: flexible) is no answer."""
+    return [{**r, "extracted": None, "reward": -1.0} if r.get("extracted_by") == "last_number"
+            else r for r in rows]
+
+
 def summarize(rows: list[dict], same: Callable[[str, str], bool], edges: list[int],
               resamples: int = 1000, seed: int = 0) -> dict:
     """Every metric of the Eval report from verified rows (reward > 0 = correct)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reasoner.errors import InputError
 from reasoner.eval.metrics import paired_bootstrap_diff
 
 
@@ -25,12 +26,15 @@ def markdown(r: dict) -> str:
         f"| pass@1 (avg@{r['k']}) | {_pct(r['pass@1'])}% (95% CI {_pct(lo)}-{_pct(hi)}) |",
         *[f"| pass@{k} | {_pct(v)}% |" for k, v in r["pass@k"].items() if k != "1"],
         f"| maj@{r['k']} | {_pct(r['maj@k'])}% |",
+        *([f"| pass@1 under strict extraction | {_pct(r['strict']['pass@1'])}% |"]
+          if "strict" in r else []),
         f"| mean / median response tokens | {r['mean_response_tokens']:.0f} / "
         f"{r['median_response_tokens']:.0f} |",
         f"| truncation rate | {_pct(r['truncation_rate'])}% |",
         f"| no answer | {_pct(r['no_answer_rate'])}% |", "",
         "## Accuracy by response length", "", "| tokens | samples | accuracy |", "|---|---|---|",
-        *[f"| {b['bucket']} | {b['samples']} | {_pct(b['accuracy'])}% |"
+        *[f"| {b['bucket']} | {b['samples']} | "
+          f"{_pct(b['accuracy']) + '%' if b['samples'] else '-'} |"
           for b in r["accuracy_by_length"]], "",
         "## Problems", "", "| id | correct | mean tokens | majority answer | reference |",
         "|---|---|---|---|---|",
@@ -74,13 +78,20 @@ def plots(r: dict, rows: list[dict], out: Path) -> list[str] | str:
     ax.set(xlabel="response tokens", ylabel="samples", title="response length")
     ax.legend()
     made.append(_save(fig, out / "length_hist.png", plt))
+    made.append(_save(pass_at_k_figure(r, plt), out / "pass_at_k.png", plt))
+    return made
+
+
+def pass_at_k_figure(r: dict, plt):
+    """pass@k against k on a log axis labelled at the k's only, titled with the model."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ks = [int(k) for k in r["pass@k"]]
     ax.plot(ks, [100 * v for v in r["pass@k"].values()], marker="o")
-    ax.set(xscale="log", xlabel="k", ylabel="pass@k (%)", title="pass@k")
+    ax.set(xscale="log", xlabel="k", ylabel="pass@k (%)",
+           title=f"{r['benchmark']}: pass@k of {Path(str(r['model'])).name or r['model']}")
+    ax.minorticks_off()  # a log axis puts 3x10^0-style minor labels between the k's
     ax.set_xticks(ks, [str(k) for k in ks])
-    made.append(_save(fig, out / "pass_at_k.png", plt))
-    return made
+    return fig
 
 
 def _save(fig, path: Path, plt) -> str:
@@ -90,10 +101,45 @@ def _save(fig, path: Path, plt) -> str:
     return path.name
 
 
+def _strict_diff(base: dict, r: dict, common: list[str], resamples: int) -> dict:
+    """With reports of `extraction: flexible`: pass@1 and its difference under strict
+    extraction too, so that learning the format and learning the arithmetic are told apart."""
+    if "strict" not in base or "strict" not in r:
+        return {}
+    acc = {q["id"]: q["accuracy_strict"] for q in r["per_problem"]}
+    base_acc = {q["id"]: q["accuracy_strict"] for q in base["per_problem"]}
+    lo, hi = paired_bootstrap_diff([base_acc[i] for i in common], [acc[i] for i in common],
+                                   resamples) if r is not base else (0.0, 0.0)
+    return {"strict_pass@1": r["strict"]["pass@1"],
+            "strict_diff": r["strict"]["pass@1"] - base["strict"]["pass@1"],
+            "strict_diff_ci95": [lo, hi]}
+
+
+REPORT_KEYS = ("benchmark", "pass@1", "pass@1_ci95", "maj@k", "mean_response_tokens",
+               "per_problem")
+
+
+def read_report(path: Path) -> dict:
+    """An eval folder's report.json (or the file itself), checked: a wrong path or a file that
+    is no eval report is one clear line, not a traceback."""
+    file = path / "report.json" if path.is_dir() else path
+    if not file.exists():
+        hint = (f"{path} has no report.json: is it an eval folder (`reasoner eval` writes one)?"
+                if path.is_dir() else f"{path}: no such eval folder or report.json")
+        raise InputError(hint)
+    try:
+        report = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{file} is not valid JSON ({exc})") from None
+    lacking = [k for k in REPORT_KEYS if not isinstance(report, dict) or k not in report]
+    if lacking:
+        raise InputError(f"{file} is not an eval report: it lacks {', '.join(lacking)}")
+    return report
+
+
 def compare(paths: list[Path], out: Path | None = None, resamples: int = 1000) -> dict:
     """Reports side by side: pass@1 differences vs the first, with a paired bootstrap interval."""
-    reports = [json.loads((Path(p) / "report.json" if Path(p).is_dir() else Path(p)).read_text())
-               for p in paths]
+    reports = [read_report(Path(p)) for p in paths]
     base = reports[0]
     base_acc = {p["id"]: p["accuracy"] for p in base["per_problem"]}
     rows = []
@@ -107,14 +153,25 @@ def compare(paths: list[Path], out: Path | None = None, resamples: int = 1000) -
                      "pass@1_ci95": r["pass@1_ci95"], "maj@k": r["maj@k"],
                      "mean_response_tokens": r["mean_response_tokens"], "diff": diff,
                      "diff_ci95": [lo, hi], "significant": r is not base and (lo > 0 or hi < 0),
-                     "common_problems": len(common)})
+                     "common_problems": len(common),
+                     **_strict_diff(base, r, common, resamples)})
     md = ["| run | pass@1 | 95% CI | maj@k | mean tokens | Δ pass@1 vs first | Δ 95% CI | outside CI |",
           "|---|---|---|---|---|---|---|---|"]
-    for x in rows:
+    for k, x in enumerate(rows):
+        diff = ("baseline | |" if k == 0 else
+                f"{100 * x['diff']:+.1f} | {100 * x['diff_ci95'][0]:+.1f} to "
+                f"{100 * x['diff_ci95'][1]:+.1f} | {'yes' if x['significant'] else 'no'}")
         md.append(f"| {x['name']} | {_pct(x['pass@1'])} | {_pct(x['pass@1_ci95'][0])}-"
                   f"{_pct(x['pass@1_ci95'][1])} | {_pct(x['maj@k'])} | {x['mean_response_tokens']:.0f}"
-                  f" | {100 * x['diff']:+.1f} | {100 * x['diff_ci95'][0]:+.1f} to "
-                  f"{100 * x['diff_ci95'][1]:+.1f} | {'yes' if x['significant'] else 'no'} |")
+                  f" | {diff} |")
+    if all("strict_diff" in x for x in rows):
+        md += ["", "Under strict extraction (the same samples; an answer found only as the last "
+               "number counts as none):", "",
+               "| run | pass@1 strict | Δ vs first | Δ 95% CI |", "|---|---|---|---|"]
+        md += [f"| {x['name']} | {_pct(x['strict_pass@1'])} | " + (
+            "baseline | |" if k == 0 else
+            f"{100 * x['strict_diff']:+.1f} | {100 * x['strict_diff_ci95'][0]:+.1f} to "
+            f"{100 * x['strict_diff_ci95'][1]:+.1f} |") for k, x in enumerate(rows)]
     result = {"runs": rows, "markdown": "\n".join(md) + "\n"}
     if out is not None:
         out = Path(out)

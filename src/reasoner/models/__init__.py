@@ -5,7 +5,13 @@ log-probs without a token x vocabulary tensor (logprobs.py), FSDP2 sharding as t
 The loading API is re-exported: `from reasoner import models; models.load_tokenizer(...)`.
 """
 
-from reasoner.models.load import describe, import_model, load_model, load_tokenizer
+from reasoner.models.load import (
+    check_model,
+    describe,
+    import_model,
+    load_model,
+    load_tokenizer,
+)
 from reasoner.models.tiny import build_tiny
 
-__all__ = ["build_tiny", "describe", "import_model", "load_model", "load_tokenizer"]
+__all__ = ["build_tiny", "check_model", "describe", "import_model", "load_model", "load_tokenizer"]

@@ -12,15 +12,44 @@ from typing import Any
 import torch
 
 from reasoner import device as dev
+from reasoner import hub
 from reasoner.config import ModelConfig
 from reasoner.errors import DependencyError, InputError
+
+
+def check_model(name_or_path: str, key: str = "model.name_or_path") -> None:
+    """Stop with one clear line when `name_or_path` is neither a local model nor a hub id that
+    can be had; a stage calls it before it writes anything, so a corrected rerun just runs."""
+    cached = False
+    if hub.is_hub_id(name_or_path) and hub.offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
+    why = hub.missing(name_or_path, key, "model folder", cached)
+    if why:
+        raise InputError(why)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and not (path / "config.json").exists():
+        raise InputError(f"{key}={name_or_path} is not a model folder: it has no config.json"
+                         + (" (it holds a .gguf file: convert it with `reasoner model import`)"
+                            if any(path.glob("*.gguf")) else ""))
+
+
+def _from_hub(load, name_or_path: str, **kwargs: Any) -> Any:
+    """`load(name_or_path, ...)`, a hub failure (no such repo, no network) as one clear line."""
+    check_model(name_or_path)
+    try:
+        return load(name_or_path, **kwargs)
+    except OSError as exc:
+        raise InputError(f"{name_or_path}: cannot load it ({str(exc).splitlines()[0]})") from exc
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
     """AutoTokenizer with a pad token (eos when the model has none) and left padding for generation."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    tok = _from_hub(AutoTokenizer.from_pretrained, name_or_path,
+                    trust_remote_code=trust_remote_code)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -35,10 +64,7 @@ def load_model(cfg: ModelConfig, device: torch.device | None = None) -> tuple[An
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
-    path = Path(cfg.name_or_path)
-    if path.exists() and not (path / "config.json").exists():
-        raise InputError(f"{path} is not a model folder: it has no config.json")
-    model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, **kwargs).to(device)
+    model = _from_hub(AutoModelForCausalLM.from_pretrained, cfg.name_or_path, **kwargs).to(device)
     return model, load_tokenizer(cfg.name_or_path, cfg.trust_remote_code)
 
 
@@ -99,6 +125,9 @@ def import_model(source: str, output_dir: Path, gguf_file: str | None = None,
     from reasoner.data.template import stop_token_ids
 
     out = Path(output_dir)
+    why = hub.missing(source, "SOURCE", "file or folder")
+    if why:
+        raise InputError(why)
     if (out / "config.json").exists() and not overwrite:
         raise InputError(f"{out} already holds a model; pass --overwrite to replace it")
     where, gguf = _gguf_source(source, gguf_file)

@@ -40,11 +40,24 @@ KNOWN = {
                                    num_attention_heads=40, num_key_value_heads=8,
                                    vocab_size=152064, tie_word_embeddings=False,
                                    attention_bias=True),
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                       num_attention_heads=14, num_key_value_heads=2,
+                                       vocab_size=151936, tie_word_embeddings=True,
+                                       attention_bias=True),
+    "Qwen/Qwen2.5-1.5B-Instruct": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                       num_attention_heads=12, num_key_value_heads=2,
+                                       vocab_size=151936, tie_word_embeddings=True,
+                                       attention_bias=True),
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": dict(
         hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False, attention_bias=True),
 }
-PEAK_TFLOPS = {"gpu": 989.0, "npu": 313.0, "cpu": 1.0}  # dense bf16/fp16: H100/H200, Ascend 910B
+# Dense bf16 peak TFLOP/s of each device kind (the vendors' data sheets, without sparsity);
+# `gpu` and `npu` are the H100/H200 and Ascend 910B. `reasoner plan --tflops` overrides them.
+PEAK_TFLOPS = {"gpu": 989.0, "h100": 989.0, "h200": 989.0, "a100": 312.0, "l40s": 362.0,
+               "a10g": 125.0, "l4": 121.0, "rtx4090": 165.0, "npu": 313.0, "910b": 313.0,
+               "cpu": 1.0}
+NPU_KINDS = ("npu", "910b")
 CPU_BASELINE_GIB = 0.55  # python + torch + transformers + reasoner imported (measured here)
 
 
@@ -173,13 +186,13 @@ def host_peak_gib(model: str | Path, processes: int, seq_len: int, micro_batch: 
     return CPU_BASELINE_GIB + max(train, load) / GIB
 
 
-def step_seconds(s: Shape, tokens_per_step: int, seq_len: int, devices: int, kind: str,
+def step_seconds(s: Shape, tokens_per_step: int, seq_len: int, devices: int, tflops: float,
                  mfu: float, checkpointing: bool) -> float:
     """6 (8 with recompute) x params x tokens, plus causal attention, at `mfu` of peak."""
     mult = 8 if checkpointing else 6
     attn = (mult / 2) * s.layers * s.hidden * seq_len * tokens_per_step  # 2 L s^2 H per seq fwd
     flops = mult * s.params * tokens_per_step + attn
-    return flops / (devices * PEAK_TFLOPS[kind] * 1e12 * mfu)
+    return flops / (devices * tflops * 1e12 * mfu)
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +224,7 @@ def resident_extra(obj: ObjectiveConfig) -> int:
 
 def plan_training(name: str, cfg: Any, shape: Shape, model: str, devices: int, mem_gib: float,
                   kind: str, mfu: float, layout: str = "fsdp", tp: int = 8, pp: int = 4,
-                  extra: int = 0) -> MemoryEstimate:
+                  extra: int = 0, tflops: float | None = None) -> MemoryEstimate:
     """Memory per device and time per step of an sft or train-offline stage; `extra`: bytes per
     parameter of the models kept beside the policy (see resident_extra)."""
     fp32 = cfg.model.dtype == "float32" or (cfg.model.dtype == "auto" and kind == "cpu")
@@ -227,7 +240,8 @@ def plan_training(name: str, cfg: Any, shape: Shape, model: str, devices: int, m
     need = 1.1 * sum(parts.values()) / GIB  # allocator fragmentation
     per_step = cfg.run.global_batch * (cfg.seq_len if cfg.packing else cfg.max_tokens)
     step = step_seconds(shape, per_step, cfg.seq_len if cfg.packing else cfg.max_tokens,
-                        devices, kind, mfu, cfg.run.gradient_checkpointing)
+                        devices, tflops or PEAK_TFLOPS[kind], mfu,
+                        cfg.run.gradient_checkpointing)
     verdict = "fits"
     if need > mem_gib:
         biggest = max(parts, key=parts.get)
@@ -266,7 +280,7 @@ def plan_generation(name: str, model: str, shape: Shape, dtype: str, tp: int, ut
 
 def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu: float = 0.35,
                 overrides: list[str] | None = None, layout: str = "fsdp", tp: int = 8,
-                pp: int = 4) -> list[MemoryEstimate]:
+                pp: int = 4, tflops: float | None = None) -> list[MemoryEstimate]:
     """Every stage of a recipe, with the start model's shape for the models it trains."""
     from reasoner.pipeline.recipe import load_recipe
     from reasoner.pipeline.run import resolve
@@ -283,7 +297,7 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
             src = src if Path(src).exists() or src in KNOWN else start
             extra = resident_extra(cfg.objective) if st.command == "train-offline" else 0
             plans.append(plan_training(st.name, cfg, shape_of(src), src, devices, mem_gib, kind,
-                                       mfu, layout, tp, pp, extra))
+                                       mfu, layout, tp, pp, extra, tflops))
             plans[-1].command = st.command
         elif st.command in ("infer", "eval"):
             src = cfg.model.name_or_path

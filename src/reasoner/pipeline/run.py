@@ -32,6 +32,7 @@ import yaml
 from reasoner import shards
 from reasoner.config import ConfigError, dump, load
 from reasoner.errors import ReasonerError, ShardError
+from reasoner.pipeline import inputs
 from reasoner.pipeline.recipe import RecipeConfig, StageSpec
 from reasoner.pipeline.registry import STAGES
 
@@ -354,6 +355,7 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
     """Run (or, with dry_run, only resolve and print) the recipe; return its stages with status and numbers."""
     run_dir = Path(recipe.run_dir)
     stages = decide(resolve(recipe, base), _read_state(run_dir), start, until)
+    inputs.check(stages, run_dir)  # dry run or not: a missing input stops before any stage
     if dry_run:
         for s in stages:
             echo(f"{s.status:>6}  {s.name:<16} {s.reason:<28} {shlex.join(command_line(s))}")

@@ -217,7 +217,8 @@ def start(cfg: TrainerConfig, stage: str, env: Env, tokenizer: Any,
     optimizer = schedule.build_optimizer(policy, cfg.optim)
     scheduler = schedule.build_scheduler(optimizer, total, cfg.optim)
     config = dump(cfg)
-    log = MetricsLog(Path(cfg.output_dir) / "metrics.jsonl", cfg.run.tracking, config, dist.is_main)
+    log = MetricsLog(Path(cfg.output_dir) / "metrics.jsonl", cfg.run.tracking, config, dist.is_main,
+                     cfg.run.project, cfg.run.run_name)
     saved: dict = {}
     scaler = make_scaler(cfg.optim, device, dtype, dist)
     if ckpt is not None:
@@ -350,6 +351,7 @@ def finish(run: Run, counts: dict, extra_state: Callable[[], dict] = dict) -> Pa
     ckpt = checkpoints.save_checkpoint(run.out, run.total, run.policy, run.model, run.tokenizer,
                                        run.optimizer, run.scheduler, _state(run, extra_state),
                                        run.settings.keep_last, run.dist)
+    run.metrics.summary(counts)
     run.metrics.close()
     if run.dist.is_main:
         final = checkpoints.publish_final(run.out, ckpt)

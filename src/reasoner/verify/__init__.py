@@ -23,7 +23,7 @@ from reasoner.errors import ShardError
 from reasoner.records import Sample, Verified
 from reasoner.runlog import progress_bar
 from reasoner.verify import decontam, filters
-from reasoner.verify.extract import extract_answer
+from reasoner.verify.extract import extract_answer, last_number
 
 VERDICTS = "verdicts"
 CHUNK = 512  # samples checked by the rule verifier between two flushes of the verdict shard
@@ -64,8 +64,7 @@ def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress
             for start in range(0, len(todo), CHUNK):
                 chunk = todo[start:start + CHUNK]
                 rows = [{"id": s["id"], "sample_idx": s["sample_idx"],
-                         "extracted": extract_answer(s["response"], t.answer_open, t.answer_close)}
-                        for s in chunk]
+                         **extract(s["response"], t, cfg.extraction)} for s in chunk]
                 if pool is not None:
                     checks = [(s["answer"], r["extracted"]) for s, r in zip(chunk, rows, strict=True)
                               if r["extracted"] is not None]
@@ -92,6 +91,16 @@ def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress
         if judge is not None:
             judge.close()
     return len(todo)
+
+
+def extract(response: str, t, extraction: str) -> dict:
+    """{extracted, extracted_by}: the strict final answer, or with `flexible` the last number of
+    a response that has none ("last_number")."""
+    found = extract_answer(response, t.answer_open, t.answer_close)
+    if found is not None or extraction == "strict":
+        return {"extracted": found, "extracted_by": "strict" if found is not None else None}
+    number = last_number(response)
+    return {"extracted": number, "extracted_by": "last_number" if number is not None else None}
 
 
 def final_verdict(mode: str, v: dict) -> tuple[str, str]:
@@ -148,6 +157,8 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     # Verdicts are reused across runs whose verdict settings agree (a filter change re-judges
     # nothing); other settings start them afresh.
     verdict_key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s")}
+    if cfg.extraction != "strict":  # keyed only when set: strict folders of older runs stay valid
+        verdict_key["extraction"] = cfg.extraction
     verdict_key["judge"] = without_engine_settings(config["judge"])  # speed never changes a verdict
     if (shards.read_manifest(out / VERDICTS) or {}).get("config") != verdict_key:
         shards.reset(out / VERDICTS, "verify verdicts", verdict_key)
@@ -171,7 +182,8 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
                 verdict == "timeout" and cfg.timeout == "drop"):
             dropped[verdict] += 1
             continue
-        rows.append({**s, "extracted": v["extracted"], "verdict": verdict, "verifier": verifier,
+        rows.append({**s, "extracted": v["extracted"], "extracted_by": v.get("extracted_by"),
+                     "verdict": verdict, "verifier": verifier,
                      "reward": 1.0 if verdict == "correct" else -1.0,
                      "judge_output": v.get("judge_output"), "rule_verdict": v.get("rule_verdict"),
                      "reasoning_tokens": count(s["response"])})

@@ -107,3 +107,17 @@ def extract_answer(text: str, answer_open: str = "<answer>", answer_close: str =
         parts = _final_group(text, boxes)
     parts = list(dict.fromkeys(p for p in (clean(p) for p in parts) if p))  # \boxed{5}, \boxed{5}
     return ", ".join(parts) or None
+
+
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number of `text` (lm-eval's GSM8K "flexible-extract"): `So, there are 270 apples
+    in total.` -> `270`. Thousands commas are dropped; None when the text holds no digit.
+
+    Only for answers without a final answer (`verify.extraction: flexible`): it reads whatever
+    number came last, so it is never used to override an extracted answer.
+    """
+    found = _LAST_NUMBER.findall(text)
+    return found[-1].replace(",", "").rstrip(".") if found else None

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import sys
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -176,6 +178,26 @@ def _by_reference(items: list[tuple[str, str]], workers: int) -> list[deque[int]
     return queues
 
 
+@contextmanager
+def _without_main() -> Iterator[None]:
+    """Start a worker without the caller's main module. A spawn or forkserver child re-runs the
+    parent's main script (by its `__file__`) before its target; the workers need nothing from
+    it, and re-running it breaks them: a plain script calling `is_equivalent` without an
+    `if __name__ == "__main__":` guard starts a pool inside the worker (EOFError in the caller),
+    and an entry point edited since the run began no longer imports. Hidden for the moment of
+    `start()` (the child reads it then), restored after."""
+    main = sys.modules.get("__main__")
+    hide = main is not None and getattr(main, "__file__", None) is not None
+    saved = (main.__dict__.pop("__file__"), main.__dict__.get("__spec__")) if hide else None
+    if hide:
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        if hide:
+            main.__file__, main.__spec__ = saved
+
+
 class VerifierPool:
     """N worker processes answering (reference, candidate) -> True / False / None (timeout)."""
 
@@ -184,9 +206,8 @@ class VerifierPool:
         # forkserver: workers fork from a clean single-threaded server that has math-verify
         # imported and warmed up (`warm_up`), so replacements start at once. Forking the caller
         # itself is unsafe: after torch or pyarrow started their thread pools (eval runs a
-        # model, then verifies), a forked child can segfault inside the LaTeX parser. As with
-        # spawn, a script that uses the pool needs an `if __name__ == "__main__":` guard
-        # (workers re-import it).
+        # model, then verifies), a forked child can segfault inside the LaTeX parser. Workers
+        # are started without the caller's main module (see _without_main).
         if "forkserver" in mp.get_all_start_methods():
             self._ctx = mp.get_context("forkserver")
             self._ctx.set_forkserver_preload(["math_verify", "reasoner.verify.warm"])
@@ -199,7 +220,8 @@ class VerifierPool:
     def _start(self) -> tuple[mp.Process, Connection]:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker, args=(child, self.memory_mb), daemon=True)
-        proc.start()
+        with _without_main():
+            proc.start()
         child.close()
         return proc, parent
 

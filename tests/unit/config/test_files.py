@@ -6,7 +6,6 @@ import pytest
 
 from reasoner.config import (
     ConfigError,
-    OfflineConfig,
     SynthConfig,
     TinyConfig,
     dump,

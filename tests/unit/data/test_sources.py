@@ -45,7 +45,7 @@ def test_problem_sets_read_through_the_pcl_infer_config(name):
     from reasoner.infer import load_problems
 
     cfg = load(InferConfig, REPO / "configs/pcl_reasoner_v1_5/infer.yaml",
-               [f"data.path={FIXTURES / name}"])
+               [f"data={{path: {FIXTURES / name}}}"])  # the local file, not the hub pool
     rows = load_problems(cfg)
     assert [(r["problem"][:8], r["answer"]) for r in rows] == [
         ("What is ", "11"), ("Find the", "2"), ("How many", "9")]
@@ -92,7 +92,7 @@ def test_shared_benchmark_files_read_through_the_pcl_infer_config(name, first_an
 
     raw = shared_eval_rows(name)  # skips with the reason when ../shared is absent
     cfg = load(InferConfig, REPO / "configs/pcl_reasoner_v1_5/infer.yaml",
-               [f"data.path={SHARED_EVAL / name}"])
+               [f"data={{path: {SHARED_EVAL / name}}}"])
     rows = load_problems(cfg)
     assert len(rows) == len(raw) and rows[0]["answer"] == first_answer  # final answers only
     assert not any("####" in r["answer"] for r in rows)

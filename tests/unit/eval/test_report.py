@@ -41,3 +41,51 @@ def test_compare_gives_each_run_its_difference_to_the_first(tmp_path):
     assert saved["runs"] == result["runs"]
     assert (tmp_path / "cmp" / "compare.md").read_text() == result["markdown"]
     assert "| +100.0 | +100.0 to +100.0 | yes |" in result["markdown"]
+
+
+def test_an_empty_length_bucket_reads_as_a_dash_and_the_baseline_as_baseline(tmp_path):
+    r = report("m", [1.0, 0.5])
+    r["accuracy_by_length"].append({"bucket": ">=96", "samples": 0, "accuracy": None})
+    assert "| >=96 | 0 | - |" in markdown(r) and "n/a%" not in markdown(r)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(r))
+    md = compare([tmp_path / "a", tmp_path / "b"], resamples=100)["markdown"]
+    first = next(line for line in md.splitlines() if line.startswith(f"| {tmp_path}/a"))
+    assert first.endswith("| baseline | | |") and "+0.0 to +0.0" not in first
+
+
+def test_with_flexible_extraction_compare_also_gives_the_strict_difference(tmp_path):
+    paths = []
+    for name, flex, strict in [("start", [0.5] * 10, [0.0] * 10), ("rl", [0.75] * 10, [0.5] * 10)]:
+        r = report(name, flex)
+        r["strict"] = {"pass@1": sum(strict) / 10, "pass@1_ci95": [0, 1], "maj@k": 0,
+                       "no_answer_rate": 0.5}
+        for p, a in zip(r["per_problem"], strict, strict=True):
+            p["accuracy_strict"] = a
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(r))
+        paths.append(tmp_path / name)
+    result = compare(paths, resamples=100)
+    rl = result["runs"][1]
+    assert rl["diff"] == 0.25 and rl["strict_diff"] == 0.5 and rl["strict_diff_ci95"] == [0.5, 0.5]
+    assert f"| {tmp_path}/rl | 50.0 | +50.0 | +50.0 to +50.0 |" in result["markdown"]
+    assert "| pass@1 under strict extraction | 50.0% |" in markdown(json.loads(
+        (tmp_path / "rl" / "report.json").read_text()))
+
+
+def test_the_pass_at_k_plot_is_labelled_at_its_ks_and_names_the_model():
+    import pytest
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from reasoner.eval.report import pass_at_k_figure
+
+    r = report("runs/q/rl/final", [1.0, 0.5])
+    r["pass@k"] = {"1": 0.5, "2": 0.6, "4": 0.7, "8": 0.8}
+    fig = pass_at_k_figure(r, plt)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    assert not [t for t in ax.get_xticklabels(minor=True) if t.get_text()]
+    assert ax.get_title() == "bench: pass@k of final"
+    plt.close(fig)

@@ -299,3 +299,24 @@ def test_vllm_stream_tops_up_the_engine_and_aborts_what_an_early_exit_leaves(mon
     early.close()
     assert sorted(engine.aborted) == ["2:0", "2:1"] and engine.queue == []
     assert [c.text for c in gen.generate(requests[:2], sampling)] == ["t0", "t1"]
+
+
+def test_the_decode_loop_uses_the_current_cache_argument(tiny_model_dir):
+    """transformers 5.24 renamed the forward's past_key_values to cache; the old name warns
+    (FutureWarning) and goes in 5.40. No warning from the project's own call."""
+    import warnings
+
+    from reasoner.config import ModelConfig
+    from reasoner.infer.hf import HFGenerator
+
+    gen = HFGenerator(ModelConfig(name_or_path=str(tiny_model_dir)), batch_size=4)
+    ids = gen.tokenizer("Ana has 3 apples.", add_special_tokens=False)["input_ids"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = gen.generate([Request("p", 0, ids, 1, 5)], SamplingConfig(n=1, max_tokens=5))
+    assert len(out[0].token_ids) >= 1
+    import inspect
+
+    expected = "cache" if "cache" in inspect.signature(gen.model.forward).parameters \
+        else "past_key_values"
+    assert gen.cache_arg == expected

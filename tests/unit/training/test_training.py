@@ -1,14 +1,11 @@
 """The training core: the lr schedule, metric reduction over micro-batches, the metrics file."""
 
-import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from reasoner import runlog, training
+from reasoner import training
 from reasoner.config import OptimConfig
 from reasoner.device import DistInfo
 from reasoner.training import schedule
@@ -50,25 +47,6 @@ def test_accumulate_sums_weights_means_skips_nan_and_keeps_extremes():
     assert m["loss"] == 0.75 and m["tokens"] == 40
     assert m["geo"] == 0.5  # the NaN micro-batch (no positives) does not pull it towards 0
     assert m["ratio_max"] == 1.5 and m["ratio_min"] == 0.7
-
-
-def test_metrics_file_restarts_on_a_fresh_run_and_truncates_on_resume(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    log = runlog.MetricsLog(path, [], {}, enabled=True)
-    for step in range(1, 6):
-        log.log(step, {"loss": float(step)})
-    log.truncate_after(3)  # resumed from checkpoint-3: steps 4 and 5 will be logged again
-    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
-    log.reset()  # started again from step 0: none of the dead run's rows remain
-    log.log(1, {"loss": 9.0})
-    assert [json.loads(x) for x in path.read_text().splitlines()] == [{"step": 1, "loss": 9.0}]
-
-
-def test_the_run_log_and_progress_bar_load_without_torch():
-    """infer and verify show progress through runlog; it must not pull in the training stack."""
-    code = "import sys, reasoner.runlog; print(sorted(m for m in ('torch', 'reasoner.training') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
 
 
 def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_passes(monkeypatch):

@@ -38,4 +38,4 @@ def test_explain_says_what_was_read_and_why(shard):
 def test_explain_cli(shard):
     out = reasoner("explain", shard, "p1", "--sample", "1")
     assert out.returncode == 0, out.stderr
-    assert "12x" in out.stderr and "incorrect" in out.stderr
+    assert "12x" in out.stdout and "incorrect" in out.stdout

@@ -75,3 +75,34 @@ def test_enough_cases():
 
 def test_custom_tags():
     assert extract_answer("<final>\\boxed{2}</final>", "<final>", "</final>") == "2"
+
+
+def test_last_number_reads_an_answer_written_without_a_box():
+    from reasoner.verify.extract import last_number
+
+    assert last_number("So, there are 270 apples in total.") == "270"
+    assert last_number("He pays $1,250.50 for 3 of them") == "3"
+    assert last_number("The total is 1,250.") == "1250"
+    assert last_number("no digits here") is None
+
+
+def test_flexible_extraction_only_fills_in_where_strict_finds_nothing():
+    from reasoner import verify
+    from reasoner.config import TemplateConfig
+
+    t = TemplateConfig()
+
+    boxed = "3 + 4 = 7, then 8. The answer is \\boxed{7}."
+    assert verify.extract(boxed, t, "flexible") == {"extracted": "7", "extracted_by": "strict"}
+    assert verify.extract("3 + 4 = 7 apples", t, "flexible") == {"extracted": "7",
+                                                                 "extracted_by": "last_number"}
+    assert verify.extract("3 + 4 = 7 apples", t, "strict") == {"extracted": None,
+                                                               "extracted_by": None}
+
+
+def test_strict_reading_of_flexible_rows_counts_last_numbers_as_no_answer():
+    from reasoner.eval.metrics import strict_only
+
+    rows = [{"extracted": "7", "extracted_by": "last_number", "reward": 1.0},
+            {"extracted": "7", "extracted_by": "strict", "reward": 1.0}]
+    assert [(r["extracted"], r["reward"]) for r in strict_only(rows)] == [(None, -1.0), ("7", 1.0)]
