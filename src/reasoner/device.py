@@ -81,16 +81,23 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device: torch.device) -> DistInfo:
-    """Join the process group torchrun set up (nccl / hccl / gloo); a no-op for one process."""
+def init_distributed(device: torch.device, timeout_min: float = 60.0) -> DistInfo:
+    """Join the process group torchrun set up (nccl / hccl / gloo); a no-op for one process.
+
+    `timeout_min` bounds every collective and barrier. NCCL's default is 10 minutes, shorter
+    than the work one rank does while the others wait at a barrier: tokenizing a 666K-row SFT
+    set, merging the reference log-probs, copying the final checkpoint (run.dist_timeout_min).
+    """
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world == 1:
         return DistInfo()
+    import datetime
+
     import torch.distributed as dist
 
     if not dist.is_initialized():
         backend = {"cuda": "nccl", "npu": "hccl"}.get(device.type, "gloo")
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
 
 

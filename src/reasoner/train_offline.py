@@ -14,7 +14,7 @@ in rl/token_rm.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,11 +24,13 @@ from reasoner import device as dev
 from reasoner import models, shards, training
 from reasoner.config import ObjectiveConfig, OfflineConfig, dump
 from reasoner.data import packing
+from reasoner.errors import TrainingError
 from reasoner.rl import losses, reference
 from reasoner.rl.objectives import (
     OBJECTIVES,
     Micro,
     Norm,
+    behaviour_gap,
     behaviour_logprobs,
     sample_signal,
     token_scope,
@@ -96,6 +98,7 @@ class Ctx:
     ref_model: nn.Module | None = None
     rm: nn.Module | None = None
     behaviour: str = ""  # where the behaviour log-probs come from (the summary says it)
+    behaviour_gap: dict = field(default_factory=dict)  # stored vs the trainer's, when checked
 
 
 def micro_loss(ctx: Ctx, policy: nn.Module, rows: list[list[int]], norm: Norm, scale: float
@@ -191,6 +194,10 @@ def prepare(cfg: OfflineConfig, env: training.Env, tokenizer, data: Rollouts
     temperature = obj.logprob_temperature
     start = training.load_policy(cfg.model, cfg.model.name_or_path, env, chunk, temperature)
     start[1].eval()
+    gap: dict[str, float] = {}
+    if obj.needs_old_logprobs and not need_old:  # the stored ones will be pi_old: check them
+        need_old, ctx_note, gap = check_behaviour(obj, data, start[1], tokenizer.pad_token_id,
+                                                  device, dtype, ctx_note)
     start_lp = None
     if need_old or (need_ref and cfg.reference is None):
         start_lp = reference.starting_logprobs(out / "ref_logprobs", str(cfg.input_dir), start[1],
@@ -212,8 +219,34 @@ def prepare(cfg: OfflineConfig, env: training.Env, tokenizer, data: Rollouts
         loaded = start
     ctx = Ctx(obj, Rows.of(cfg), cfg.run.global_batch, cfg.run.seed, data, sample_signal(obj, data),
               token_scope(data, obj), start_lp if need_old else data.old_logp, ref_lp,
-              tokenizer.pad_token_id, device, dtype, ref_model, behaviour=ctx_note)
+              tokenizer.pad_token_id, device, dtype, ref_model, behaviour=ctx_note,
+              behaviour_gap=gap)
     return ctx, loaded, ckpt
+
+
+CHECKED = 16  # samples whose stored behaviour log-probs are compared with the trainer's
+
+
+def check_behaviour(obj: ObjectiveConfig, data: Rollouts, policy: nn.Module, pad: int,
+                    device: torch.device, dtype: torch.dtype, note: str
+                    ) -> tuple[bool, str, dict[str, float]]:
+    """Score the first samples with the starting policy and compare with the stored behaviour
+    log-probs: (recompute them?, where they come from, the gap). A sampler whose kernels or
+    precision differ from the trainer's (vLLM in bf16 on a GPU) gives a ratio that is not 1
+    at theta_old; above objective.old_logprobs_tolerance the run recomputes them (or stops)."""
+    first = list(range(min(CHECKED, len(data.ids))))
+    scored = reference.response_logprobs(policy, data, first, pad, device, dtype)
+    gap = behaviour_gap([list(data.old_logp[i]) for i in first], scored)
+    said = (f"stored vs trainer on {len(first)} samples: mean |Δ| {gap['mean_abs_diff']:.4f}, "
+            f"max {gap['max_abs_diff']:.4f}, ratio {gap['ratio_min']:.3f}-{gap['ratio_max']:.3f}")
+    if gap["mean_abs_diff"] <= obj.old_logprobs_tolerance:
+        return False, f"{note} ({said})", gap
+    if not obj.allow_recompute:
+        raise TrainingError(
+            f"the stored behaviour log-probs are not the trainer's at theta_old ({said}; "
+            f"objective.old_logprobs_tolerance={obj.old_logprobs_tolerance}): set "
+            "objective.allow_recompute=true to recompute them, or raise the tolerance")
+    return True, f"recomputed by the starting model ({said}, over the tolerance)", gap
 
 
 def token_reward_model(cfg: OfflineConfig, env: training.Env, model: nn.Module) -> nn.Module:
@@ -237,7 +270,7 @@ def run(cfg: OfflineConfig) -> Path:
     check_sinks(cfg.run.tracking)  # before the rollouts are tokenized and cached
     if cfg.reference is not None:
         models.check_model(cfg.reference, "reference")
-    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed)
+    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed, cfg.run.dist_timeout_min)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = load_rollouts(cfg, tokenizer, dist)
     ctx, loaded, ckpt = prepare(cfg, env, tokenizer, data)
@@ -282,6 +315,7 @@ def run(cfg: OfflineConfig) -> Path:
     return training.finish(trainer, {
         "objective": obj.name, "samples": len(data.ids), "positives": pos,
         "negatives": len(data.ids) - pos, "behaviour_logprobs": ctx.behaviour,
+        **{f"behaviour_{k}": round(v, 6) for k, v in ctx.behaviour_gap.items()},
         **({"validation_samples": len(val_idx), "plateau_resets": plateau.resets}
            if plateau is not None else {}),
         **({"rm_warmup_bce": [round(x, 4) for x in warmup_bce]} if warmup_bce else {}),

@@ -76,8 +76,8 @@ def test_every_stage_runs_on_smollm2_with_one_prompt(smollm2, tmp_path):
              "run.gradient_checkpointing=false", "optim.warmup_ratio=0", *cpu)
     policy = tmp_path / "sft" / "final"
     gsm8k = SHARED_EVAL / "gsm8k.jsonl"
-    reasoner("infer", PCL / "infer.yaml", f"model.name_or_path={policy}", f"data.path={gsm8k}",
-             "data.limit=4", f"output_dir={tmp_path / 'samples'}", "sampling.n=2",
+    reasoner("infer", PCL / "infer.yaml", f"model.name_or_path={policy}", f"data={{path: {gsm8k}, limit: 4}}",  # the file, not the recipe's hub pool
+             f"output_dir={tmp_path / 'samples'}", "sampling.n=2",
              "sampling.max_tokens=24", "backend=hf", "max_model_len=2048", *cpu)
     reasoner("verify", PCL / "verify.yaml", f"input_dir={tmp_path / 'samples'}",
              f"output_dir={tmp_path / 'verified'}", "mode=rule", f"decontam.benchmarks=[{{path: {SHARED_EVAL / 'aime24.jsonl'}}}]",
@@ -116,3 +116,22 @@ def test_every_stage_runs_on_smollm2_with_one_prompt(smollm2, tmp_path):
         assert "<|im_end|>" not in r["response"]
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert report["benchmark"] == "gsm8k" and report["problems"] == 4 and report["k"] == 1
+
+
+def test_the_cpu_real_model_recipe_runs_end_to_end_at_smoke_scale(smollm2, tmp_path):
+    """configs/smollm2_cpu (README: "A pretrained model that learns") with only its scale
+    reduced: every stage, the flexible / strict report and the paired comparison."""
+    small = ["sampling.max_tokens=24", "batch_size=16"]
+    reasoner("run", REPO / "configs/smollm2_cpu/recipe.yaml", f"run_dir={tmp_path}",
+             f"start_model={smollm2}", "data.num_train=6", "data.num_test=4",
+             *[f"{s}.{o}" for s in ("eval-start", "eval-rl", "samples") for o in small],
+             "eval-start.sampling.n=2", "eval-rl.sampling.n=2", "eval-start.bootstrap=100",
+             "eval-rl.bootstrap=100", "samples.sampling.n=2",
+             "verified.filters.drop_zero_variance=false", "rl.run.global_batch=4",
+             "rl.run.max_steps=2", "rl.run.progress=false")
+    start = json.loads((tmp_path / "eval-start" / "report.json").read_text())
+    assert start["problems"] == 4 and start["k"] == 2 and "strict" in start
+    assert start["pass@1"] >= start["strict"]["pass@1"]  # flexible only adds answers
+    runs = json.loads((tmp_path / "compare" / "compare.json").read_text())["runs"]
+    assert [r["name"].rsplit("/", 1)[-1] for r in runs] == ["eval-start", "eval-rl"]
+    assert "strict_diff" in runs[1]

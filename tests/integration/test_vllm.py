@@ -178,3 +178,26 @@ def test_the_judge_on_vllm_replies_as_on_hf(vllm_run, tmp_path):
     for key, h in hf.items():
         assert vl[key]["judge_output"] == h["judge_output"], key
         assert vl[key]["judge_verdict"] == h["judge_verdict"]
+
+
+def test_every_engine_argument_we_pass_is_a_field_of_the_installed_engine_args():
+    """A vLLM release without one of them (logprobs_mode, kv_cache_memory_bytes, ...) would
+    fail only when an engine starts, on a GPU node, after the stages before it ran."""
+    python = vllm_python()
+    code = ("import dataclasses, json\n"
+            "from vllm import EngineArgs\n"
+            "from reasoner.config import ModelConfig, VLLMConfig\n"
+            "from reasoner.infer.vllm import engine_args\n"
+            "fields = {f.name for f in dataclasses.fields(EngineArgs)}\n"
+            "keys = set()\n"
+            "for logprobs in (True, False):\n"
+            "    for cpu in (True, False):\n"
+            "        keys |= set(engine_args(ModelConfig(name_or_path='m'),\n"
+            "                                VLLMConfig(max_num_seqs=4), 512, 0, logprobs, cpu))\n"
+            "print(json.dumps([sorted(keys), sorted(keys - fields)]))\n")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=600,
+                         cwd=REPO, env=VLLM_ENV)
+    assert out.returncode == 0, out.stderr[-3000:]
+    passed, unknown = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "logprobs_mode" in passed and "kv_cache_memory_bytes" in passed
+    assert unknown == [], f"not EngineArgs fields in the installed vLLM: {unknown}"

@@ -50,3 +50,22 @@ def test_memory_on_a_cpu_is_this_process_peak_rss():
     stats = dev.memory_stats(torch.device("cpu"))
     assert list(stats) == ["max_rss_gib"] and stats["max_rss_gib"] * 2**30 >= block.numel() * 4
     assert not dev.flash_attention_available(torch.device("cpu"))
+
+
+def test_the_process_group_waits_as_long_as_the_config_says(monkeypatch):
+    """NCCL's default 10-minute timeout is shorter than rank 0's tokenizing of a large SFT set
+    while the others wait at a barrier: the time-out is run.dist_timeout_min."""
+    import datetime
+
+    import torch.distributed as tdist
+
+    calls = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(tdist, "init_process_group", lambda **kw: calls.update(kw))
+    monkeypatch.setattr(tdist, "get_rank", lambda: 1)
+    monkeypatch.setattr(tdist, "get_world_size", lambda: 2)
+    d = dev.init_distributed(torch.device("cpu"), timeout_min=90)
+    assert calls == {"backend": "gloo", "timeout": datetime.timedelta(minutes=90)}
+    assert d == dev.DistInfo(1, 2, 1)

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -228,3 +230,40 @@ def test_reference_model_anchors_the_kl_and_nothing_else(tmp_path, tiny_model_di
     with pytest.raises(ValidationError, match="reference and objective.reset_every disagree"):
         cfg_for(tiny_model_dir, verified_dir, tmp_path, reference="x",
                 objective={**obj, "reset_every": 2})
+
+
+def test_stored_behaviour_logprobs_are_checked_against_the_trainers_own(tmp_path, tiny_model_dir,
+                                                                         verified_dir):
+    """The clipped objectives take infer's log-probs as pi_old; on a GPU vLLM's bf16 kernels
+    give other numbers than the trainer's, so the ratio is not 1 at theta_old. The first
+    samples are scored and compared: within the tolerance they are used, above it recomputed
+    (or refused without allow_recompute). Here: stored = the trainer's own, then perturbed."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.errors import TrainingError
+    from reasoner.models import load_tokenizer
+    from reasoner.models.logprobs import PolicyLogprobs
+
+    cfg = cfg_for(tiny_model_dir, verified_dir, tmp_path,
+                  objective={"name": "dapo", "old_logprobs": "samples"})
+    tok = load_tokenizer(str(tiny_model_dir))
+    data = T.load_rollouts(cfg, tok)
+    policy = PolicyLogprobs(AutoModelForCausalLM.from_pretrained(tiny_model_dir), 64).eval()
+    cpu, f32 = torch.device("cpu"), torch.float32
+    own = reference.response_logprobs(policy, data, list(range(len(data.ids))),
+                                      tok.pad_token_id, cpu, f32)
+    check = lambda obj, d: T.check_behaviour(obj, d, policy, tok.pad_token_id, cpu, f32,  # noqa: E731
+                                             "stored by infer")
+    recompute, note, gap = check(cfg.objective, dataclasses.replace(data, old_logp=own))
+    assert not recompute and gap["max_abs_diff"] < 1e-5 and abs(gap["ratio_mean"] - 1) < 1e-5
+    assert note.startswith("stored by infer (stored vs trainer on 16 samples: mean |Δ| 0.0000")
+    off = dataclasses.replace(data, old_logp=[[x + 0.3 for x in row] for row in own])
+    recompute, note, gap = check(cfg.objective, off)
+    assert recompute and gap["mean_abs_diff"] == pytest.approx(0.3, abs=1e-5)
+    assert gap["ratio_max"] == pytest.approx(math.exp(-0.3), rel=1e-4)
+    assert note.startswith("recomputed by the starting model") and "over the tolerance" in note
+    strict = cfg.objective.model_copy(update={"allow_recompute": False})
+    with pytest.raises(TrainingError, match="not the trainer's at theta_old"):
+        check(strict, off)

@@ -134,6 +134,10 @@ class _ClippedObjective(_ObjectiveBase):
     allow_recompute: bool = Field(
         True, description="compute the starting model's log-probs when samples lack them"
     )
+    old_logprobs_tolerance: float = Field(
+        0.05, gt=0, description="stored behaviour log-probs are checked against the trainer's "
+        "own on the first samples: above this mean |difference| per token (nats) they are "
+        "recomputed (allow_recompute) or refused; vLLM's bf16 kernels and the trainer's differ")
     overlong_max_len: int | None = Field(None, ge=1, description="soft overlong: max length (DAPO 20480)")
     overlong_cache_len: int = Field(4096, ge=1, description="soft overlong: penalty ramp (DAPO 4096)")
     overlong_factor: float = Field(1.0, ge=0, description="soft overlong: penalty at max length")

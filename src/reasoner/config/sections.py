@@ -134,6 +134,9 @@ class OptimConfig(Strict):
         "halved on a step whose gradient overflows (the step is skipped on every rank)")
     loss_scale_window: int = Field(
         1000, ge=1, description="fp16: steps without overflow before the loss scale doubles")
+    max_skipped_steps: int = Field(
+        10, ge=1, description="steps in a row whose gradient norm is not finite (inf / NaN) that "
+        "are skipped, unapplied, before the run stops with an error (every precision)")
 
 
 class RunConfig(Strict):
@@ -158,3 +161,6 @@ class RunConfig(Strict):
     run_name: str | None = Field(None, description="wandb run name; default: the output "
                                  "folder's name (sft, rl, eval-rl, ...)")
     progress: bool = Field(True, description="show a progress bar")
+    dist_timeout_min: float = Field(
+        60.0, gt=0, description="several processes: how long a collective or barrier may wait "
+        "(NCCL's own default, 10, is shorter than one rank's tokenizing or checkpoint copy)")

@@ -204,6 +204,21 @@ def token_scope(data: Rollouts, obj: ObjectiveConfig) -> list[list[float]] | Non
 # Behaviour log-probs (pi_old of the clipped objectives)
 
 
+def behaviour_gap(stored: list[list[float]], scored: list[list[float]]) -> dict[str, float]:
+    """How far stored behaviour log-probs are from the trainer's own at theta_old, per token:
+    mean and max |stored - scored| and the mean and extremes of the ratio exp(scored - stored),
+    which the clipped objectives assume is 1 there."""
+    a = torch.tensor([x for row in stored for x in row], dtype=torch.float64)  # (N,)
+    b = torch.tensor([x for row in scored for x in row], dtype=torch.float64)  # (N,)
+    if a.shape != b.shape:
+        raise TrainingError(f"stored behaviour log-probs cover {a.numel()} tokens, the trainer "
+                            f"scores {b.numel()}: the samples do not match their token ids")
+    gap, ratio = (a - b).abs(), (b - a).exp()
+    return {"mean_abs_diff": float(gap.mean()), "max_abs_diff": float(gap.max()),
+            "ratio_mean": float(ratio.mean()), "ratio_min": float(ratio.min()),
+            "ratio_max": float(ratio.max())}
+
+
 def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, sampling: dict | None = None
                        ) -> tuple[bool, str]:
     """(recompute them with the starting model?, where they come from, in words).

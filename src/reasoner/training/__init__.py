@@ -22,7 +22,6 @@ from reasoner.training.loop import (
     optimizer_step,
     progress,
     resume_point,
-    set_grad_sync,
     setup,
     shard_model,
     start,
@@ -32,6 +31,6 @@ from reasoner.training.loop import (
 __all__ = [
     "MIN_LOSS_SCALE", "Env", "MicroOut", "Run", "TrainerConfig", "accumulate", "clip_grad_norm",
     "end_step", "finish", "load_policy", "load_weights", "loss_scale", "make_scaler",
-    "optimizer_step", "progress", "resume_point", "set_grad_sync", "setup", "shard_model", "start",
+    "optimizer_step", "progress", "resume_point", "setup", "shard_model", "start",
     "sum_over_processes",
 ]

@@ -2,8 +2,9 @@
 
 `start` builds the run (model wrapped for log-probs and sharded with FSDP2 when several
 processes run, optimiser, schedule, resume from the newest checkpoint, metrics log);
-`accumulate` runs one global batch's micro-batches (the same count on every process, gradient
-sync on the last one only) and reduces their metrics; `optimizer_step` guards against a
+`accumulate` runs one global batch's micro-batches (the same count on every process; FSDP2
+reduce-scatters each one's gradient, so gradients stay sharded between them) and reduces their
+metrics; `optimizer_step` guards against a
 non-finite loss, clips and steps; `end_step` logs (peak memory included), advances the progress
 bar and checkpoints; `finish` saves the final model. Each stage's `run()` is a flat loop over
 these, like a torchtune recipe. Losses scale each micro-batch to its share of the global batch
@@ -88,12 +89,6 @@ def sum_over_processes(policy: nn.Module, dist: DistInfo) -> None:
             p.grad.mul_(dist.world_size)
 
 
-def set_grad_sync(policy: nn.Module, enabled: bool) -> None:
-    """Skip the gradient reduce on all but the last micro-batch of an accumulation."""
-    if hasattr(policy, "set_requires_gradient_sync"):
-        policy.set_requires_gradient_sync(enabled)
-
-
 # --------------------------------------------------------------------------------------------
 # The run
 
@@ -129,13 +124,15 @@ class Run:
     scaler: Any = None  # dynamic loss scaler (fp16 only; see make_scaler)
     timer: Timer = field(default_factory=lambda: Timer())
     tokens: float = 0.0  # real tokens trained on by this invocation
+    skipped_in_a_row: int = 0  # steps skipped for a non-finite gradient norm, consecutively
+    skipped: int = 0  # ... and in all, this invocation
     bar: Any = None
 
 
-def setup(model: ModelConfig, seed: int) -> Env:
+def setup(model: ModelConfig, seed: int, dist_timeout_min: float = 60.0) -> Env:
     """Device, process group and compute dtype of a training run; seeds torch."""
     device = dev.pick_device(model.device)
-    dist = dev.init_distributed(device)
+    dist = dev.init_distributed(device, dist_timeout_min)
     torch.manual_seed(seed)
     return device, dist, dev.pick_dtype(model.dtype, device)
 
@@ -248,7 +245,10 @@ def accumulate(run: Run, micro_batches: list, step_fn: Callable[[Any, float], Mi
     """Forward + backward of this process's micro-batches of one global batch; reduced metrics.
 
     Every process runs as many passes as the busiest one (a collective inside FSDP would hang
-    otherwise): the extra passes run `dummy` with weight 0. `step_fn(micro_batch, scale)` must
+    otherwise): the extra passes run `dummy` with weight 0. Gradient sync stays on for every
+    pass: with it off until the last one, FSDP2 keeps each parameter's gradient unsharded in
+    fp32 on every device until then (about 124 GB per device at 32B), which no memory plan of
+    a sharded run allows for; on, each pass reduce-scatters into the sharded gradient. `step_fn(micro_batch, scale)` must
     scale its loss by `scale` (the fp16 loss scale, 1 without one; 0 for a dummy pass) and
     report unscaled values.
     """
@@ -261,7 +261,6 @@ def accumulate(run: Run, micro_batches: list, step_fn: Callable[[Any, float], Mi
     ext: dict[str, float] = {}
     for j in range(count):
         real = j < len(micro_batches)
-        set_grad_sync(run.policy, j == count - 1)
         out = step_fn(micro_batches[j] if real else dummy, float(real) * loss_scale(run))
         for k, v in out.sums.items():
             sums[k] = sums.get(k, 0.0) + (v if real else 0.0)
@@ -299,10 +298,14 @@ def optimizer_step(run: Run, loss: float, step: int) -> dict[str, float]:
     lr = run.scheduler.get_last_lr()[0]
     if run.scaler is None:
         grad_norm = clip_grad_norm(run.policy, run.optim.grad_clip)
-        run.optimizer.step()
-        run.scheduler.step()
+        skip = not math.isfinite(grad_norm)  # the same on every rank: the norm is global
+        if not skip:
+            run.optimizer.step()
+        run.scheduler.step()  # the schedule advances either way: steps stay aligned with data
         run.optimizer.zero_grad(set_to_none=True)
-        return {"lr": lr, "grad_norm": grad_norm}
+        _count_skip(run, skip, step, f"gradient norm {grad_norm}")
+        return {"lr": lr, "grad_norm": grad_norm if not skip else math.nan,
+                "skipped_step": float(skip)}
     # fp16: unscale (the overflow check is all-reduced), clip the true gradient, and step unless
     # some rank overflowed; the schedule advances either way, so steps stay aligned with data
     scale = loss_scale(run)
@@ -313,12 +316,27 @@ def optimizer_step(run: Run, loss: float, step: int) -> dict[str, float]:
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     skipped = loss_scale(run) < scale
+    _count_skip(run, skipped, step, "fp16 overflow")
     if skipped and loss_scale(run) < MIN_LOSS_SCALE:
         raise TrainingError(
             f"fp16 gradients overflowed at every step down to loss scale {loss_scale(run):g} "
             f"(step {step + 1}); train in bfloat16 or float32 (model.dtype), or lower optim.lr")
     return {"lr": lr, "grad_norm": grad_norm if not skipped else math.nan, "loss_scale": scale,
             "overflow_skipped": float(skipped)}
+
+
+def _count_skip(run: Run, skipped: bool, step: int, why: str) -> None:
+    """Count a step skipped for a non-finite gradient; too many in a row stop the run (a state
+    that keeps producing inf / NaN is never trained on, nor saved as a checkpoint)."""
+    run.skipped_in_a_row = run.skipped_in_a_row + 1 if skipped else 0
+    run.skipped += skipped
+    if run.skipped_in_a_row > run.optim.max_skipped_steps:
+        good = checkpoints.latest_checkpoint(run.out)
+        raise TrainingError(
+            f"{run.skipped_in_a_row} steps in a row had a non-finite gradient ({why} at step "
+            f"{step + 1}) and were skipped; stopping (optim.max_skipped_steps="
+            f"{run.optim.max_skipped_steps}). Last good checkpoint: "
+            f"{good or 'none (nothing saved yet)'}. Lower optim.lr or check the data.")
 
 
 def end_step(run: Run, step: int, metrics: dict[str, float], info: str,
@@ -356,7 +374,8 @@ def finish(run: Run, counts: dict, extra_state: Callable[[], dict] = dict) -> Pa
     if run.dist.is_main:
         final = checkpoints.publish_final(run.out, ckpt)
         shards.update_manifest(run.out, complete=True, counts={
-            "steps": run.total, "resumed_from": run.start, **counts,
+            "steps": run.total, "resumed_from": run.start, "skipped_steps": run.skipped,
+            **counts,
             "seconds": round(run.timer.elapsed(), 2), "final_model": str(final)})
     dev.barrier(run.dist)
     return run.out / "final"

@@ -1,6 +1,8 @@
 """The training core: the lr schedule, metric reduction over micro-batches, the metrics file."""
 
+import json
 import math
+import subprocess
 
 import pytest
 import torch
@@ -73,3 +75,65 @@ def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_pas
     assert calls == [("real", 1.0), ("dummy", 0.0), ("dummy", 0.0)]  # grads are summed
     assert reduced[0] == ([1], "max")  # the count is agreed on first
     assert m["loss"] == 1.0 and m["m"] == 5.0
+
+
+def make_run(tmp_path, max_skipped=2):
+    from reasoner import runlog
+    from reasoner.config import RunConfig
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return training.Run(OptimConfig(max_skipped_steps=max_skipped), RunConfig(), tmp_path,
+                        torch.device("cpu"), DistInfo(), torch.float32, None, model, model, opt,
+                        sched, 10, 0, {}, runlog.MetricsLog(tmp_path / "m.jsonl", [], {}, False))
+
+
+def test_a_non_finite_gradient_norm_skips_the_step_and_too_many_stop_the_run(tmp_path):
+    """bf16 / fp32 steps used to be applied with an inf / NaN gradient norm (fp16 alone had
+    its scaler), and such a state could then be saved as the last good checkpoint."""
+    from reasoner.errors import TrainingError
+
+    run = make_run(tmp_path)
+    before = [p.detach().clone() for p in run.policy.parameters()]
+
+    def backward(value):
+        run.policy.weight.grad = torch.full_like(run.policy.weight, value)
+        run.policy.bias.grad = torch.zeros_like(run.policy.bias)
+
+    for step in range(2):
+        backward(float("inf") if step == 0 else float("nan"))
+        m = training.optimizer_step(run, 1.0, step)
+        assert m["skipped_step"] == 1.0 and math.isnan(m["grad_norm"])
+        assert all(torch.equal(p, b) for p, b in zip(run.policy.parameters(), before,
+                                                        strict=True))  # unapplied
+    backward(1.0)  # a finite step is applied and resets the count
+    assert training.optimizer_step(run, 1.0, 2)["skipped_step"] == 0.0
+    assert run.skipped_in_a_row == 0 and run.skipped == 2
+    assert not torch.equal(run.policy.weight, before[0])
+    for step in range(3, 5):
+        backward(float("inf"))
+        training.optimizer_step(run, 1.0, step)
+    backward(float("inf"))
+    with pytest.raises(TrainingError, match=r"3 steps in a row had a non-finite gradient "
+                                            r"\(gradient norm inf at step 6\)"):
+        training.optimizer_step(run, 1.0, 5)
+
+
+@pytest.mark.slow
+def test_gradients_stay_sharded_between_micro_batches(tmp_path):
+    """Two gloo processes, three micro-batches: after each one's backward every FSDP2-sharded
+    parameter holds its gradient shard. With sync off until the last micro-batch (as before),
+    FSDP2 held a whole unsharded fp32 gradient per device meanwhile: ~124 GB at 32B."""
+    from pathlib import Path
+
+    from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+
+    out = tmp_path / "result.json"
+    check = Path(__file__).parents[2] / "grad_sync_check.py"
+    done = subprocess.run(torchrun_two_processes(check, out), capture_output=True, text=True,
+                          env=SUBPROCESS_ENV, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["sharded_params"] > 0
+    assert result["grads_sharded_after_each"] == [True, True, True]
