@@ -55,10 +55,19 @@ def _located(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
             f"{path}: not a shard folder or a .jsonl/.json/.parquet file"
         )
     else:
-        why = hub.missing(cfg.path, "data.path", "file or folder")  # a typo: no hub call
+        why = hub.missing(cfg.path, "data.path", "file or folder", _in_datasets_cache(cfg.path))
         if why:
             raise DataError(why)
         yield from _hub(cfg)
+
+
+def _in_datasets_cache(name: str) -> bool:
+    """A hub dataset `datasets` has cached here (offline it can still be read)."""
+    if not (hub.offline() and hub.is_hub_id(name)):
+        return False
+    import datasets
+
+    return (Path(datasets.config.HF_DATASETS_CACHE) / name.replace("/", "___")).exists()
 
 
 BUILDERS = ("json", "parquet", "csv", "text", "arrow")  # datasets' own loaders of local files
