@@ -32,7 +32,6 @@ app = typer.Typer(
 )
 
 
-
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"reasoner {__version__}")

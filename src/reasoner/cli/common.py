@@ -1,6 +1,7 @@
 """What every command module of the CLI shares: the two streams (results on stdout; progress,
-logs and errors on stderr), user-error handling, config loading and the summary table. It imports no command module and not the app (cli/__init__.py
-builds the app from the command modules, which import this).
+logs and errors on stderr), user-error handling, config loading and the summary table. It
+imports no command module and not the app (cli/__init__.py builds the app from the command
+modules, which import this).
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from reasoner.pipeline.recipe import RecipeConfig
 from reasoner.pipeline.registry import command_configs
 
 
+def _console(stderr: bool) -> Console:
+    """A console on the stream as it is now; in a log (not a terminal) nothing is wrapped at 80
+    columns: one table row stays one line."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=1000)
+
+
 def results() -> Console:
-    """Results (summary tables, reports, comparisons) go to stdout; in a log (not a terminal) a
-    table is never wrapped at 80 columns: one row stays one line."""
-    c = Console()
-    return c if c.is_terminal else Console(width=1000)
+    """Results (summary tables, reports, comparisons) go to stdout."""
+    return _console(stderr=False)
 
 
 def logs() -> Console:
     """Progress, logs, warnings and errors go to stderr."""
-    c = Console(stderr=True)
-    return c if c.is_terminal else Console(stderr=True, width=1000)
+    return _console(stderr=True)
 
 
 _started: dict[str, float] = {}

@@ -23,7 +23,7 @@ from reasoner.errors import ShardError
 from reasoner.records import Sample, Verified
 from reasoner.runlog import progress_bar
 from reasoner.verify import decontam, filters
-from reasoner.verify.extract import extract_answer, last_number
+from reasoner.verify.extract import extract
 
 VERDICTS = "verdicts"
 CHUNK = 512  # samples checked by the rule verifier between two flushes of the verdict shard
@@ -91,16 +91,6 @@ def compute_verdicts(cfg: VerifyConfig, samples: list[dict], out: Path, progress
         if judge is not None:
             judge.close()
     return len(todo)
-
-
-def extract(response: str, t, extraction: str) -> dict:
-    """{extracted, extracted_by}: the strict final answer, or with `flexible` the last number of
-    a response that has none ("last_number")."""
-    found = extract_answer(response, t.answer_open, t.answer_close)
-    if found is not None or extraction == "strict":
-        return {"extracted": found, "extracted_by": "strict" if found is not None else None}
-    number = last_number(response)
-    return {"extracted": number, "extracted_by": "last_number" if number is not None else None}
 
 
 def final_verdict(mode: str, v: dict) -> tuple[str, str]:

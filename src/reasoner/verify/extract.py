@@ -17,6 +17,7 @@ None (a response cut off by the length limit has none unless its box or block wa
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(\s*)")
 # What may stand between two boxes of one final answer: separators (`\boxed{1}, \boxed{2} and
@@ -121,3 +122,13 @@ def last_number(text: str) -> str | None:
     """
     found = _LAST_NUMBER.findall(text)
     return found[-1].replace(",", "").rstrip(".") if found else None
+
+
+def extract(response: str, t: Any, extraction: str) -> dict:
+    """{extracted, extracted_by}: the strict final answer, or with `flexible` the last number of
+    a response that has none ("last_number")."""
+    found = extract_answer(response, t.answer_open, t.answer_close)
+    if found is not None or extraction == "strict":
+        return {"extracted": found, "extracted_by": "strict" if found is not None else None}
+    number = last_number(response)
+    return {"extracted": number, "extracted_by": "last_number" if number is not None else None}

@@ -87,16 +87,16 @@ def test_last_number_reads_an_answer_written_without_a_box():
 
 
 def test_flexible_extraction_only_fills_in_where_strict_finds_nothing():
-    from reasoner import verify
     from reasoner.config import TemplateConfig
+    from reasoner.verify.extract import extract
 
     t = TemplateConfig()
 
     boxed = "3 + 4 = 7, then 8. The answer is \\boxed{7}."
-    assert verify.extract(boxed, t, "flexible") == {"extracted": "7", "extracted_by": "strict"}
-    assert verify.extract("3 + 4 = 7 apples", t, "flexible") == {"extracted": "7",
+    assert extract(boxed, t, "flexible") == {"extracted": "7", "extracted_by": "strict"}
+    assert extract("3 + 4 = 7 apples", t, "flexible") == {"extracted": "7",
                                                                  "extracted_by": "last_number"}
-    assert verify.extract("3 + 4 = 7 apples", t, "strict") == {"extracted": None,
+    assert extract("3 + 4 = 7 apples", t, "strict") == {"extracted": None,
                                                                "extracted_by": None}
 
 
