@@ -5,7 +5,8 @@ with a vocab-parallel embedding and lm-head, against the same model whole in eac
 
 Each process scores its own row of a 2-row batch (different numbers of label tokens, pad
 tokens in the inputs, and a third step where process 1 has no label tokens at all); the whole
-model scores both rows. fp64, so that the sums over processes in another order agree to
+model scores both rows (then, under bf16 / fp16 autocast, the log-probs alone against an
+fp64 reference). fp64, so that the sums over processes in another order agree to
 ~1e-12. Rank 0 writes the largest differences, and the rows of the lm-head each process held
 while its forward's output was alive, to OUT.json."""
 
@@ -17,7 +18,6 @@ import torch
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from reasoner.models import vocab_parallel
 from reasoner.models.fsdp import shard_modules
 from reasoner.models.logprobs import PolicyLogprobs
 
@@ -65,18 +65,52 @@ def run(tied: bool) -> dict:
         if lp.numel():
             out["logprob"] = max(out["logprob"], float((lp - lp_all[share]).detach().abs().max()))
         (lp * coef[share]).sum().backward()  # each process's loss: its share of the whole's
-        summed = {id(p) for p in vocab_parallel.parameters(pol)}
         for p, q in zip(pol.parameters(), ref.parameters(), strict=True):
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            if id(p) not in summed:
-                g = g * dist.get_world_size()  # FSDP2 averages (training.sum_over_processes)
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # summed
             out["grad"] = max(out["grad"], float((g - q.grad).abs().max()))
     return out
 
 
+def under_autocast(dtype: torch.dtype) -> dict:
+    """`vocab_parallel.token_logprobs` under `dtype` autocast against the fp64 log-softmax of
+    the `dtype`-rounded logits (rounding passed straight through), on confident tokens: the
+    largest relative error of the log-probs and of both gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from reasoner.models import vocab_parallel
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(VOCAB, 64, generator=g)
+    hs = [3 * torch.randn(n, 64, generator=g) for n in (20, 13)]  # both processes' tokens
+    coefs = [torch.randn(h.shape[0], generator=g) for h in hs]
+    ts = [(h @ w.T).argmax(-1) for h in hs]
+    rank = dist.get_rank()
+    param = vocab_parallel.shard_rows(w, init_device_mesh("cpu", (2,))).requires_grad_()
+    h = hs[rank].clone().requires_grad_()
+    with torch.autocast("cpu", dtype=dtype, cache_enabled=False):
+        lp = vocab_parallel.token_logprobs(h, param, ts[rank], 7)
+    (lp * coefs[rank]).sum().backward()
+    hd, wd = torch.cat(hs).double().requires_grad_(), w.double().requires_grad_()
+    exact = hd @ wd.T
+    rounded = (torch.cat(hs).to(dtype) @ w.to(dtype).T).double()
+    ref = torch.log_softmax(exact + (rounded - exact).detach(), -1).gather(
+        1, torch.cat(ts)[:, None])[:, 0]
+    (ref * torch.cat(coefs).double()).sum().backward()
+    mine = slice(0, 20) if rank == 0 else slice(20, None)
+    start, stop = vocab_parallel.row_range(VOCAB)
+
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm())
+
+    return {"logprob": float((lp.double() - ref[mine]).abs().max()),
+            "grad_hidden": rel(h.grad, hd.grad[mine]),
+            "grad_rows": rel(param.grad.to_local(), wd.grad[start:stop])}
+
+
 def main() -> None:
     dist.init_process_group("gloo")
-    result = {"tied": run(True), "untied": run(False)}
+    result = {"tied": run(True), "untied": run(False),
+              "bfloat16": under_autocast(torch.bfloat16), "float16": under_autocast(torch.float16)}
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(result, f)

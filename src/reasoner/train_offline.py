@@ -142,8 +142,7 @@ def rm_pass(ctx: Ctx, b: packing.Batch, sample_index: Tensor, rewards: Tensor, n
     return scores, float(bce.detach()) / len(rewards)
 
 
-def rm_step(ctx: Ctx, rm_opt: torch.optim.Optimizer, dist) -> None:
-    training.sum_over_processes(ctx.rm, dist)
+def rm_step(rm_opt: torch.optim.Optimizer) -> None:
     rm_opt.step()
     rm_opt.zero_grad(set_to_none=True)
 
@@ -178,7 +177,7 @@ def _rm_warmup_step(ctx: Ctx, trainer: training.Run, rm_opt: torch.optim.Optimiz
 
     mbs = micro_batches(batch_idx[dist.rank::dist.world_size], data, ctx.rows)
     bce = training.accumulate(trainer, mbs, one, dummy=[[batch_idx[0]]])["rm_bce"]
-    rm_step(ctx, rm_opt, dist)
+    rm_step(rm_opt)
     return bce
 
 
@@ -258,7 +257,7 @@ def token_reward_model(cfg: OfflineConfig, env: training.Env, model: nn.Module) 
     if dist.world_size == 1:
         return TokenRewardModel(model).to(device)
     rm = load_sharded(cfg.model, cfg.model.name_or_path, device, dist,
-                      lambda m: TokenRewardModel(m, copy=False), skip=("head.",))
+                      lambda m: TokenRewardModel(m, copy=False), skip=("head.",), dtype=dtype)
     rm.reset_head()
     return rm
 def run(cfg: OfflineConfig) -> Path:
@@ -300,7 +299,7 @@ def run(cfg: OfflineConfig) -> Path:
                 ctx, trainer.policy, mb, norm, scale), dummy=[[batch_idx[0]]])
             last = {**m, **training.optimizer_step(trainer, m["loss"], step)}
             if rm_opt is not None:
-                rm_step(ctx, rm_opt, dist)
+                rm_step(rm_opt)
             reference.move_reference(obj, step + 1, trainer.policy, ctx.ref_model,
                                      trainer.optimizer)
             if plateau is not None and (step + 1) % obj.val_every == 0:

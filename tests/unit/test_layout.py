@@ -27,7 +27,7 @@ HOMES = {
     "reasoner.pipeline.inputs": "integration/test_recipes.py",
     "reasoner.models.load": "unit/models/test_models.py",
     "reasoner.models.tiny": "unit/models/test_models.py",
-    "reasoner.models.fsdp": "unit/training/test_checkpoints.py",
+    "reasoner.models.lm_head": "unit/models/test_logprobs.py",
     "reasoner.training.loop": "unit/training/test_training.py",
     "reasoner.training.schedule": "unit/training/test_training.py",
     "reasoner.rl.rollouts": "unit/test_train_offline.py",

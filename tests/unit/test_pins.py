@@ -11,14 +11,18 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 # (package, the API the code calls, where, the first release that has it)
 NEEDS = [
+    ("torch", "FSDPModule.set_force_sum_reduction_for_comms", "models/fsdp.py", "2.8"),
     ("torch", "fully_shard(..., ignored_params=...)", "models/fsdp.py", "2.7"),
     ("torch", "torch.distributed.fsdp.fully_shard (public)", "models/fsdp.py", "2.6"),
     ("transformers", "AutoModel.from_pretrained(dtype=...)", "models/load.py", "5.0"),
+    ("vllm", "LLM(logprobs_mode='processed_logprobs')", "infer/vllm.py", "0.10.2"),
 ]
 
 
 def bounds(package: str) -> tuple[Version | None, Version | None]:
-    deps = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    deps = project["dependencies"] + [d for extra in project["optional-dependencies"].values()
+                                      for d in extra]
     spec = next(d for d in deps if re.match(rf"{package}\b", d))
     low = re.search(r">=\s*([\d.]+)", spec)
     high = re.search(r"<\s*([\d.]+)", spec)
@@ -37,7 +41,10 @@ def test_the_installed_versions_have_those_apis_and_sit_inside_the_pins():
     import transformers
     from torch.distributed.fsdp import fully_shard
 
+    from torch.distributed.fsdp import FSDPModule
+
     assert "ignored_params" in inspect.signature(fully_shard).parameters
+    assert hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
     for package, module in (("torch", torch), ("transformers", transformers)):
         low, high = bounds(package)
         installed = Version(Version(module.__version__).base_version)

@@ -59,14 +59,14 @@ def model_folder(name_or_path: str) -> Path:
 
 
 def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dist: Any,
-                 wrap: Any, skip: tuple[str, ...] = ()) -> Any:
+                 wrap: Any, skip: tuple[str, ...] = (), dtype: torch.dtype = torch.float32) -> Any:
     """`wrap(model)` FSDP2-sharded over the processes, each holding only its own shard.
 
     The model is built with its parameters on the meta device (buffers, such as the rotary
     frequencies, are computed for real), wrapped, sharded (`fully_shard` per decoder layer and
     the root), given storage for this process's shards only, and each shard is read from the
-    safetensors files by rows, as fp32 master weights (see `shard_modules` for the compute
-    precision). Parameter names starting with one of `skip` are not in the checkpoint (a head
+    safetensors files by rows, as fp32 master weights (`dtype`, the compute dtype, sets the
+    mixed-precision policy: see `shard_modules`). Parameter names starting with one of `skip` are not in the checkpoint (a head
     the caller initialises).
     """
     from accelerate import init_empty_weights
@@ -80,7 +80,7 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
             attn_implementation=cfg.attn_implementation or "sdpa")
     model.tie_weights()  # lm_head shares the embedding's parameter when the config ties them
     wrapped = wrap(model)
-    shard_modules(wrapped, model)
+    shard_modules(wrapped, model, dtype)
     buffers = {n: b.detach().clone() for n, b in wrapped.named_buffers()}
     wrapped.to_empty(device=device)
     with torch.no_grad():
@@ -91,7 +91,8 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
     return wrapped
 
 
-def shard_modules(wrapped: torch.nn.Module, model: Any) -> None:
+def shard_modules(wrapped: torch.nn.Module, model: Any, dtype: torch.dtype = torch.float32
+                  ) -> None:
     """`fully_shard` every decoder layer, then the root; the input embedding and lm-head are
     vocab-parallel instead (`vocab_parallel`: each process keeps its rows and never gathers
     them).
@@ -101,18 +102,51 @@ def shard_modules(wrapped: torch.nn.Module, model: Any) -> None:
     until then: 8 bytes x vocab x hidden on every process however many there are (1.1 GiB for
     Qwen2.5-0.5B; 5.8 GiB for each of Qwen2.5-32B's two untied matrices).
 
-    Parameters are all-gathered in fp32 and autocast computes in bf16 / fp16, exactly as one
-    process does; gradients are reduced in fp32. (FSDP2's param_dtype=fp16 would halve the
-    all-gather traffic but runs norms and their gradients in fp16: measured here, it
-    overflowed at a loss scale one process trained at, so N processes would not reproduce 1.)
+    Precision (`mixed_precision`): bf16 gathers and computes in bf16, reduces in fp32 and keeps
+    fp32 master shards. Gradients are summed over the processes, never averaged (`sum_only`).
     """
     from torch.distributed.fsdp import fully_shard
 
+    policy = mixed_precision(dtype)
     for layer in model.model.layers:
-        fully_shard(layer)
+        fully_shard(layer, mp_policy=policy)
     mesh = next(model.model.layers[0].parameters()).device_mesh
     vocab = vocab_parallel.shard_vocab(model, mesh)
-    fully_shard(wrapped, mesh=mesh, ignored_params=set(vocab))
+    fully_shard(wrapped, mesh=mesh, ignored_params=set(vocab), mp_policy=policy)
+    sum_only(wrapped)
+
+
+def mixed_precision(dtype: torch.dtype) -> Any:
+    """FSDP2's policy for a run computing in `dtype`.
+
+    bf16: parameters are all-gathered and used in bf16 (half the traffic and gathered memory of
+    fp32), gradients reduce-scattered in fp32 onto fp32 master shards. fp16 keeps fp32
+    gathers and lets autocast cast per op: with fp16 parameters the norms' weight gradients are
+    fp16 sums over every token, which overflow at the loss scale fp16 training starts at
+    (`tests/unit/models/test_fsdp.py::test_fp16_parameters_overflow_where_autocast_does_not`).
+    fp32 (and the fp64 of tests): gathers and reductions in the parameters' dtype.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if dtype == torch.bfloat16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()  # the parameters' own dtype throughout
+
+
+def sum_only(wrapped: torch.nn.Module) -> None:
+    """Make every FSDP2 unit under `wrapped` reduce its gradients with plain sums.
+
+    Each process's loss is already its share of the global batch's (rl/losses.py), so the
+    gradient wanted is the sum over processes: no divide at all. FSDP2 would otherwise reduce
+    with `ReduceOp.AVG` (which torch_npu's HCCL refuses, and which would need undoing) or, with
+    a divide factor, `PREMUL_SUM` (which gloo and HCCL lack).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in wrapped.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
 
 
 def fill_shards(wrapped: torch.nn.Module, reader: SafetensorsSlices, dist: Any,

@@ -11,21 +11,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from reasoner.models.lm_head import compute_dtype, lowp_logits
+
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:
         acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 at least, fp64 in tests
+        compute = compute_dtype(hidden)
         out = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)  # (N,)
-        w = weight.to(acc)
+        wc = weight.to(compute)
         for s in range(0, hidden.shape[0], chunk_size):
-            # (c, V): under bf16 / fp16 autocast the product is in that dtype, and the
-            # log-sum-exp would be too (bf16: +-0.03 at a logit of 10); fp32 from here on
-            logits = (hidden[s:s + chunk_size].to(acc) @ w.T).to(acc)
+            # (c, V) in the compute dtype (bf16 under bf16 autocast); the log-sum-exp in fp32:
+            # in bf16 it would be +-0.03 off at a logit of 10
+            logits = lowp_logits(hidden[s:s + chunk_size], wc, acc)
             tgt = targets[s:s + chunk_size, None]
             out[s:s + chunk_size] = (logits.gather(1, tgt) - logits.logsumexp(-1, keepdim=True))[:, 0]
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.compute = chunk_size, compute
         return out
 
     @staticmethod
@@ -33,19 +36,21 @@ class _ChunkedLogprobs(torch.autograd.Function):
         hidden, weight, targets = ctx.saved_tensors
         c = ctx.chunk_size
         acc = torch.promote_types(hidden.dtype, torch.float32)
-        w = weight.to(acc)
+        wc, w = weight.to(ctx.compute), weight.to(acc)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
-        for s in range(0, hidden.shape[0], c):
-            h = hidden[s:s + c].to(acc)  # (c, H)
-            g = grad_out[s:s + c, None].to(acc)  # (c, 1)
-            # d log p_t / d logits = onehot(t) - softmax(logits)
-            dlogits = (h @ w.T).softmax(-1).mul_(-g)  # (c, V)
-            dlogits.scatter_add_(1, targets[s:s + c, None], g)
-            if grad_h is not None:
-                grad_h[s:s + c] = (dlogits @ w).to(hidden.dtype)
-            if grad_w is not None:
-                grad_w += dlogits.T @ h
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, hidden.shape[0], c):
+                h = hidden[s:s + c]  # (c, H)
+                g = grad_out[s:s + c, None].to(acc)  # (c, 1)
+                # d log p_t / d logits = onehot(t) - softmax(the forward's logits); the
+                # products in fp32 with the fp32 weights (rounding passed straight through)
+                dlogits = lowp_logits(h, wc, acc).softmax(-1).mul_(-g)  # (c, V)
+                dlogits.scatter_add_(1, targets[s:s + c, None], g)
+                if grad_h is not None:
+                    grad_h[s:s + c] = (dlogits @ w).to(hidden.dtype)
+                if grad_w is not None:
+                    grad_w += dlogits.T @ h.to(acc)
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
 
 

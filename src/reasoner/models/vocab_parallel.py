@@ -16,9 +16,8 @@ a time, as in Megatron's vocab-parallel embedding and cross-entropy.
   logit are all-reduced. Backward recomputes the chunks: each process adds to its rows'
   gradient and the hidden-state gradient is reduced onto the owner.
 
-The gradient each process holds for its rows is the sum over every process's tokens (what
-FSDP2's reduce-scatter would give, times the number of processes), so `training.
-sum_over_processes` leaves these parameters alone (`parameters`). Every process must
+The gradient each process holds for its rows is the sum over every process's tokens, as
+FSDP2's reduce-scatter gives the sharded parameters (`fsdp.sum_only`). Every process must
 call these functions the same number of times, in the same order, like FSDP2's own gathers.
 """
 
@@ -29,6 +28,8 @@ import math
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from reasoner.models import lm_head
 
 _HEAD = "_reasoner_vocab_parallel"  # set on an lm-head module whose weight is vocab-parallel
 
@@ -174,8 +175,9 @@ class _Logprobs(torch.autograd.Function):
     def forward(ctx, hidden: Tensor, local: Tensor, targets: Tensor, start: int,
                 chunk_size: int) -> Tensor:
         acc = torch.promote_types(hidden.dtype, torch.float32)
+        compute = lm_head.compute_dtype(hidden)
         me, sizes = dist.get_rank(), _sizes(hidden.shape[0], hidden.device)
-        w = local.to(acc)
+        w = local.to(compute)
         all_targets, all_lse, out = [], [], None
         for owner, n in enumerate(sizes):
             h_r = _from(owner, hidden, (n, hidden.shape[1]), hidden.dtype, hidden.device)
@@ -183,9 +185,9 @@ class _Logprobs(torch.autograd.Function):
             lp = torch.empty(n, dtype=acc, device=hidden.device)
             lse = torch.empty(n, dtype=acc, device=hidden.device)
             for s in range(0, n, chunk_size):
-                # (c, V / processes); under autocast the product is bf16 / fp16, as in
-                # `logprobs._ChunkedLogprobs`: the same values, then fp32 for the reductions
-                logits = (h_r[s:s + chunk_size].to(acc) @ w.T).to(acc)
+                # (c, V / processes) in the compute dtype, as `logprobs._ChunkedLogprobs`;
+                # fp32 for the reductions
+                logits = lm_head.lowp_logits(h_r[s:s + chunk_size], w, acc)
                 top = logits.amax(-1)
                 dist.all_reduce(top, op=dist.ReduceOp.MAX)
                 sumexp = (logits - top[:, None]).exp().sum(-1)
@@ -201,35 +203,46 @@ class _Logprobs(torch.autograd.Function):
             all_targets.append(t_r)
             all_lse.append(lse)
         ctx.save_for_backward(hidden, local, *all_targets, *all_lse)
-        ctx.start, ctx.chunk_size, ctx.sizes = start, chunk_size, sizes
+        ctx.start, ctx.chunk_size, ctx.sizes, ctx.compute = start, chunk_size, sizes, compute
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         hidden, local, *rest = ctx.saved_tensors
         world = len(ctx.sizes)
-        all_targets, all_lse = rest[:world], rest[world:]
         acc = torch.promote_types(hidden.dtype, torch.float32)
-        me, c, w = dist.get_rank(), ctx.chunk_size, local.to(acc)
+        w, wc = local.to(acc), local.to(ctx.compute)
         grad_w = torch.zeros_like(w)
-        grad_h = None
-        for owner, n in enumerate(ctx.sizes):
-            h_r = _from(owner, hidden, (n, hidden.shape[1]), hidden.dtype, hidden.device)
-            g_r = _from(owner, grad_out, (n,), grad_out.dtype, grad_out.device)
-            gh = torch.empty(n, hidden.shape[1], dtype=acc, device=hidden.device)
-            for s in range(0, n, c):
-                h = h_r[s:s + c].to(acc)
-                g = g_r[s:s + c, None].to(acc)
-                # d log p_t / d logits = onehot(t) - softmax(logits), softmax from the global lse
-                dlogits = (h @ w.T).to(acc).sub_(all_lse[owner][s:s + c, None]).exp_().mul_(-g)
-                rel, hit = _mine(all_targets[owner][s:s + c], ctx.start, w.shape[0])
-                dlogits[hit.nonzero()[:, 0], rel[hit]] += g[hit, 0]
-                gh[s:s + c] = dlogits @ w
-                grad_w += dlogits.T @ h
-            dist.reduce(gh, dst=owner)
-            if owner == me:
-                grad_h = gh.to(hidden.dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            grad_h = _backward_passes(ctx, hidden, grad_out, w, wc, grad_w, rest[:world],
+                                      rest[world:])
         return grad_h, grad_w.to(local.dtype), None, None, None
+
+
+def _backward_passes(ctx, hidden: Tensor, grad_out: Tensor, w: Tensor, wc: Tensor,
+                     grad_w: Tensor, all_targets, all_lse) -> Tensor:
+    """`_Logprobs.backward`, one pass per owner of tokens: adds to `grad_w` (fp32), returns this
+    process's hidden-state gradient. The logits are recomputed as the forward computed them
+    (`wc`: the compute dtype), so exp(logits - the forward's lse) is the softmax the forward's
+    value implies; the products run in fp32 with the fp32 rows `w`."""
+    acc, me, c, grad_h = w.dtype, dist.get_rank(), ctx.chunk_size, None
+    for owner, n in enumerate(ctx.sizes):
+        h_r = _from(owner, hidden, (n, hidden.shape[1]), hidden.dtype, hidden.device)
+        g_r = _from(owner, grad_out, (n,), grad_out.dtype, grad_out.device)
+        gh = torch.empty(n, hidden.shape[1], dtype=acc, device=hidden.device)
+        for s in range(0, n, c):
+            h, g = h_r[s:s + c], g_r[s:s + c, None].to(acc)
+            # d log p_t / d logits = onehot(t) - softmax(logits), softmax from the global lse
+            dlogits = lm_head.lowp_logits(h, wc, acc).sub_(
+                all_lse[owner][s:s + c, None]).exp_().mul_(-g)
+            rel, hit = _mine(all_targets[owner][s:s + c], ctx.start, w.shape[0])
+            dlogits[hit.nonzero()[:, 0], rel[hit]] += g[hit, 0]
+            gh[s:s + c] = dlogits @ w
+            grad_w += dlogits.T @ h.to(acc)
+        dist.reduce(gh, dst=owner)
+        if owner == me:
+            grad_h = gh.to(hidden.dtype)
+    return grad_h
 
 
 def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:

@@ -60,33 +60,16 @@ def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
 # Distributed wrapping
 
 
-def shard_model(policy: nn.Module, dist: DistInfo) -> nn.Module:
+def shard_model(policy: nn.Module, dist: DistInfo, dtype: torch.dtype = torch.float32
+                ) -> nn.Module:
     """FSDP2 (`fully_shard`) over each decoder layer and the root, when several processes run
     (for a module built whole; `load_policy` shards before any weight is read)."""
     if dist.world_size == 1:
         return policy
     from reasoner.models.fsdp import shard_modules
 
-    shard_modules(policy, policy.model)
+    shard_modules(policy, policy.model, dtype)
     return policy
-
-
-@torch.no_grad()
-def sum_over_processes(policy: nn.Module, dist: DistInfo) -> None:
-    """Turn FSDP's averaged gradient into the sum over processes (each process's loss is its
-    share of the global-batch loss). Done on the reduced fp32 shards rather than by scaling the
-    losses by the world size: that would make every process's local fp16 gradients world-size
-    times larger, so fp16 would overflow sooner the more processes there are. (FSDP2's own
-    divide factor needs PREMUL_SUM, which gloo lacks.) Vocab-parallel rows already hold the
-    sum over processes."""
-    from reasoner.models import vocab_parallel
-
-    if dist.world_size == 1:
-        return
-    summed = {id(p) for p in vocab_parallel.parameters(policy)}
-    for p in policy.parameters():
-        if p.grad is not None and id(p) not in summed:
-            p.grad.mul_(dist.world_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,7 +180,7 @@ def load_policy(model: ModelConfig, source: str | Path, env: Env, chunk: int,
         return hf, PolicyLogprobs(hf, chunk, temperature)
     mcfg = model.model_copy(update={"attn_implementation": attn or model.attn_implementation})
     policy = load_sharded(mcfg, source, device, dist,
-                          lambda m: PolicyLogprobs(m, chunk, temperature))
+                          lambda m: PolicyLogprobs(m, chunk, temperature), dtype=dtype)
     return policy.model, policy
 
 
@@ -294,7 +277,6 @@ def optimizer_step(run: Run, loss: float, step: int) -> dict[str, float]:
             f"non-finite loss ({loss}) at step {step + 1}; no update was applied. "
             f"Last good checkpoint: {good or 'none (nothing saved yet)'}. Lower optim.lr "
             "or check the data, then rerun to resume from it.")
-    sum_over_processes(run.policy, run.dist)
     lr = run.scheduler.get_last_lr()[0]
     if run.scaler is None:
         grad_norm = clip_grad_norm(run.policy, run.optim.grad_clip)

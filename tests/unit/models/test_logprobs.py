@@ -42,6 +42,36 @@ def test_under_autocast_the_log_softmax_of_the_low_precision_logits_is_taken_in_
     assert (ours - ref).abs().max() < 1e-4
 
 
+def straight_through_reference(h, w, t, dtype):
+    """log-softmax of the `dtype`-rounded logits, in fp64, with the rounding passed straight
+    through: the function the forward computes, and the gradient backward must return."""
+    hd, wd = h.double().requires_grad_(), w.double().requires_grad_()
+    exact = hd @ wd.T
+    rounded = (h.to(dtype) @ w.to(dtype).T).double()
+    logits = exact + (rounded - exact).detach()
+    return hd, wd, torch.log_softmax(logits, -1).gather(1, t[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_under_autocast_backward_is_the_gradient_of_what_forward_returned(dtype):
+    """Backward recomputes the lm-head product; it must do so in the forward's precision. In
+    fp32 (as before) its softmax is not the one whose log-sum-exp the forward returned, and a
+    confident token's gradient was off by several percent (bf16) against the fp64 reference."""
+    g = torch.Generator().manual_seed(1)
+    h = (3 * torch.randn(48, 64, generator=g)).requires_grad_()
+    w = torch.randn(300, 64, generator=g).requires_grad_()
+    t = (h.detach() @ w.detach().T).argmax(-1)  # confident tokens: p(target) near 1
+    coef = torch.randn(48, generator=g)
+    with torch.autocast("cpu", dtype=dtype, cache_enabled=False):
+        ours = token_logprobs(h, w, t, 16)
+    (ours * coef).sum().backward()
+    hd, wd, ref = straight_through_reference(h.detach(), w.detach(), t, dtype)
+    (ref * coef.double()).sum().backward()
+    assert (ours.double() - ref).abs().max() < 1e-5
+    for mine, exact in ((h.grad, hd.grad), (w.grad, wd.grad)):
+        assert float((mine.double() - exact).norm() / exact.norm()) < 5e-5
+
+
 def test_empty_selection():
     w = torch.randn(5, 4, requires_grad=True)
     out = token_logprobs(torch.zeros(0, 4), w, torch.zeros(0, dtype=torch.long))

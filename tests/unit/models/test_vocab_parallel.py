@@ -27,6 +27,11 @@ def test_two_processes_score_and_differentiate_like_one_without_gathering_the_lm
         r = result[layout]
         assert r["logprob"] < 1e-12 and r["grad"] < 1e-12, (layout, r)
         assert r["head_rows_in_forward"] == [51, 51, 51], (layout, r)
+    # under bf16 / fp16 autocast, backward differentiates what forward returned: before, it
+    # recomputed the logits in fp32 against the forward's bf16 log-sum-exp (several percent off)
+    for dtype in ("bfloat16", "float16"):
+        r = result[dtype]
+        assert r["logprob"] < 5e-5 and r["grad_hidden"] < 5e-5 and r["grad_rows"] < 5e-5, r
 
 
 @pytest.mark.parametrize("vocab,world", [(101, 2), (100, 2), (151_936, 8), (7, 3), (5, 4)])
