@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -99,6 +100,40 @@ def init_distributed(device: torch.device, timeout_min: float = 60.0) -> DistInf
         backend = {"cuda": "nccl", "npu": "hccl"}.get(device.type, "gloo")
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def check_same_folder(folder: Path, dist: DistInfo, device: torch.device) -> None:
+    """Stop every process, with one clear error, unless all of them see the same `folder`.
+
+    Rank 0 creates the folder and leaves a random number in it; every process reads it back.
+    On two nodes without a shared file system the other node's processes find nothing (or a
+    stale number): left alone, rank 0 would publish checkpoints whose optimiser shards sit on
+    other disks, and a resume would pick different steps on different nodes. Every process
+    raises, so none is left waiting in a collective."""
+    if dist.world_size == 1:
+        return
+    import secrets
+
+    mark = Path(folder) / ".same-folder-check"
+    token = secrets.randbits(24) if dist.is_main else 0
+    if dist.is_main:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(str(token))
+    token = int(all_reduce([token], dist, device)[0])  # exact: 24 bits fit fp32 (HCCL's)
+    try:
+        seen = int(mark.read_text())
+    except (OSError, ValueError):
+        seen = -1
+    missing = all_reduce([float(seen != token)], dist, device)
+    if dist.is_main:
+        mark.unlink(missing_ok=True)
+    if missing[0]:
+        from reasoner.errors import InputError
+
+        raise InputError(
+            f"{int(missing[0])} of {dist.world_size} processes do not see the run folder "
+            f"{folder} that rank 0 created: put output_dir on a file system every node shares "
+            "(checkpoints, resumes and the final model are written there by all of them)")
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

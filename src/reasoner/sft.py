@@ -176,7 +176,8 @@ def run(cfg: SFTConfig) -> Path:
         return out / "final"
     models.check_model(cfg.model.name_or_path)
     check_sinks(cfg.run.tracking)
-    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed, cfg.run.dist_timeout_min)
+    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed,
+                                               cfg.run.dist_timeout_min, out)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
     rows = plan_rows(data, cfg)

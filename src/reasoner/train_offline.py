@@ -255,10 +255,14 @@ def token_reward_model(cfg: OfflineConfig, env: training.Env, model: nn.Module) 
 
     device, dist, dtype = env
     if dist.world_size == 1:
-        return TokenRewardModel(model).to(device)
-    rm = load_sharded(cfg.model, cfg.model.name_or_path, device, dist,
-                      lambda m: TokenRewardModel(m, copy=False), skip=("head.",), dtype=dtype)
-    rm.reset_head()
+        rm = TokenRewardModel(model).to(device)
+    else:
+        rm = load_sharded(cfg.model, cfg.model.name_or_path, device, dist,
+                          lambda m: TokenRewardModel(m, copy=False), skip=("head.",), dtype=dtype)
+        rm.reset_head()
+    if cfg.run.gradient_checkpointing:  # it trains on the policy's batches: as long, as wide
+        rm.model.gradient_checkpointing_enable()
+    rm.train()
     return rm
 def run(cfg: OfflineConfig) -> Path:
     """Train; return the final HF model folder (`output_dir/final`)."""
@@ -269,7 +273,8 @@ def run(cfg: OfflineConfig) -> Path:
     check_sinks(cfg.run.tracking)  # before the rollouts are tokenized and cached
     if cfg.reference is not None:
         models.check_model(cfg.reference, "reference")
-    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed, cfg.run.dist_timeout_min)
+    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed,
+                                               cfg.run.dist_timeout_min, out)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = load_rollouts(cfg, tokenizer, dist)
     ctx, loaded, ckpt = prepare(cfg, env, tokenizer, data)

@@ -69,3 +69,28 @@ def test_the_process_group_waits_as_long_as_the_config_says(monkeypatch):
     d = dev.init_distributed(torch.device("cpu"), timeout_min=90)
     assert calls == {"backend": "gloo", "timeout": datetime.timedelta(minutes=90)}
     assert d == dev.DistInfo(1, 2, 1)
+
+
+@pytest.mark.slow
+def test_every_process_must_see_the_run_folder_rank_0_created(tmp_path):
+    """Two gloo processes: a folder both see passes; one folder per process (two nodes without
+    a shared file system) stops both with the same error, so neither waits in a collective for
+    the other. Before, rank 0 alone made the checkpoint folder and the other node wrote its
+    optimiser shards to its own disk."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+
+    check = Path(__file__).parents[1] / "same_folder_check.py"
+    out = tmp_path / "result.json"
+    done = subprocess.run(torchrun_two_processes(check, tmp_path / "base", out),
+                          capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{out}.{rank}").read_text())
+        assert seen["shared"] is None
+        assert seen["per node"].startswith("1 of 2 processes do not see the run folder ")
+        assert "a file system every node shares" in seen["per node"]
+        assert seen["marks_left"] == []

@@ -267,3 +267,27 @@ def test_stored_behaviour_logprobs_are_checked_against_the_trainers_own(tmp_path
     strict = cfg.objective.model_copy(update={"allow_recompute": False})
     with pytest.raises(TrainingError, match="not the trainer's at theta_old"):
         check(strict, off)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_token_reward_model_recomputes_activations_like_the_policy(
+        tmp_path, tiny_model_dir, verified_dir, monkeypatch, world):
+    """OREAL's token RM trains on the policy's batches, so it needs activation checkpointing
+    as much as the policy. Sharded (several processes), it was built fresh from the checkpoint
+    and never got it; here `load_sharded` is replaced by a whole-model stand-in, since only
+    what is done to the model it returns is under test."""
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.device import DistInfo
+    from reasoner.models import fsdp
+
+    monkeypatch.setattr(fsdp, "load_sharded", lambda cfg, src, device, dist, wrap, **kw: wrap(
+        AutoModelForCausalLM.from_pretrained(src)))
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    env = (torch.device("cpu"), DistInfo(0, world, 0), torch.float32)
+    for checkpointing in (True, False):
+        cfg = cfg_for(tiny_model_dir, verified_dir, tmp_path, objective={"name": "oreal"},
+                      run={"gradient_checkpointing": checkpointing})
+        rm = T.token_reward_model(cfg, env, policy)
+        assert rm.model.model.gradient_checkpointing is checkpointing
+        assert rm.training and float(rm.head.weight.abs().sum()) == 0.0

@@ -112,10 +112,14 @@ class Run:
     bar: Any = None
 
 
-def setup(model: ModelConfig, seed: int, dist_timeout_min: float = 60.0) -> Env:
-    """Device, process group and compute dtype of a training run; seeds torch."""
+def setup(model: ModelConfig, seed: int, dist_timeout_min: float = 60.0,
+          output_dir: Path | None = None) -> Env:
+    """Device, process group and compute dtype of a training run; seeds torch. With several
+    processes, every one must see the same `output_dir` (`device.check_same_folder`)."""
     device = dev.pick_device(model.device)
     dist = dev.init_distributed(device, dist_timeout_min)
+    if output_dir is not None:
+        dev.check_same_folder(output_dir, dist, device)
     torch.manual_seed(seed)
     return device, dist, dev.pick_dtype(model.dtype, device)
 

@@ -1,0 +1,37 @@
+"""Run under torchrun with two processes: `device.check_same_folder` on a folder both see, then
+on one folder per process (two nodes without a shared file system).
+
+    python -m torch.distributed.run --nproc_per_node=2 tests/same_folder_check.py BASE OUT.json
+
+Every process writes what each case did (None: passed; else the error) to OUT.json.RANK."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from reasoner import device as dev
+from reasoner.errors import InputError
+
+
+def main(base: Path, out: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    info = dev.DistInfo(rank, 2, rank)
+    seen = {}
+    for case, folder in (("shared", base / "run"), ("per node", base / f"node{rank}" / "run")):
+        try:
+            dev.check_same_folder(folder, info, torch.device("cpu"))
+            seen[case] = None
+        except InputError as e:
+            seen[case] = str(e)
+    seen["marks_left"] = sorted(str(p.relative_to(base)) for p in base.rglob(".same-folder-check"))
+    dist.barrier()
+    Path(f"{out}.{rank}").write_text(json.dumps(seen))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
