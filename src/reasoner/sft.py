@@ -29,6 +29,7 @@ from reasoner.config import SFTConfig, dump
 from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
+from reasoner.models.attention import plan_attention
 from reasoner.records import SFTExample
 from reasoner.runlog import check_sinks, progress_bar
 from reasoner.training import schedule
@@ -134,16 +135,11 @@ def plan_rows(data: Tokenized, cfg: SFTConfig) -> list[list[int]]:
 
 def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
             varlen: bool) -> packing.Batch:
+    """A micro-batch's rows as tensors: packed (one flat row for a varlen kernel) or padded."""
     if cfg.packing:
         samples = [[(data.ids[i], data.loss_mask(i)) for i in row] for row in rows]
         width = max(sum(data.length(i) for i in row) for row in rows) if varlen else cfg.seq_len
-        batch = packing.collate_packed(samples, width, pad_id, block_mask=not varlen)
-        if varlen:  # one flat row: flash-attention finds the samples from the position ids
-            flat = lambda t: t.reshape(1, -1)  # noqa: E731
-            batch = packing.Batch(flat(batch.input_ids), flat(batch.labels),
-                                  flat(batch.position_ids), None, flat(batch.sample_index),
-                                  batch.num_samples, batch.real_tokens)
-        return batch
+        return packing.collate_packed(samples, width, pad_id, flat=varlen)
     return packing.collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad_id)
 
 
@@ -178,16 +174,14 @@ def run(cfg: SFTConfig) -> Path:
     check_sinks(cfg.run.tracking)
     env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed,
                                                cfg.run.dist_timeout_min, out)
+    attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
     rows = plan_rows(data, cfg)
     lengths = [sum(data.length(i) for i in row) for row in rows]
-    attn = cfg.model.attn_implementation or (
-        "flash_attention_2" if dev.flash_attention_available(device) and cfg.packing else "sdpa")
-    varlen = attn == "flash_attention_2"
     ckpt = training.resume_point(out, cfg.run)
     loaded = training.load_policy(cfg.model, ckpt or cfg.model.name_or_path, env,
-                                  cfg.run.logprob_chunk, attn=attn)
+                                  cfg.run.logprob_chunk, attn=attn.implementation)
     trainer = training.start(cfg, "sft", env, tokenizer, loaded,
                              schedule.total_steps(len(rows), cfg.run), ckpt,
                              {"model": cfg.model.name_or_path, "data": cfg.data.path})
@@ -201,8 +195,8 @@ def run(cfg: SFTConfig) -> Path:
             mbs = micro_batches(step_rows, cfg, dist, lengths)
             m = training.accumulate(
                 trainer, mbs, lambda mb, scale, denom=denom: step_loss(
-                    trainer.policy, collate(data, [rows[r] for r in mb], cfg, pad, varlen), denom,
-                    scale, device, dtype),
+                    trainer.policy, collate(data, [rows[r] for r in mb], cfg, pad, attn.varlen),
+                    denom, scale, device, dtype),
                 dummy=step_rows[:1])
             loss = m["nll"] / denom
             last = {"loss": loss, **training.optimizer_step(trainer, loss, step)}

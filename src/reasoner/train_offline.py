@@ -25,6 +25,7 @@ from reasoner import models, shards, training
 from reasoner.config import ObjectiveConfig, OfflineConfig, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
+from reasoner.models.attention import plan_attention
 from reasoner.rl import losses, reference
 from reasoner.rl.objectives import (
     OBJECTIVES,
@@ -48,10 +49,11 @@ class Rows:
     packing: bool
     seq_len: int
     micro_batch: int
+    varlen: bool = False  # packed rows go flat to a varlen kernel (models.attention)
 
     @classmethod
-    def of(cls, cfg: OfflineConfig) -> Rows:
-        return cls(cfg.packing, cfg.seq_len, cfg.run.micro_batch)
+    def of(cls, cfg: OfflineConfig, varlen: bool = False) -> Rows:
+        return cls(cfg.packing, cfg.seq_len, cfg.run.micro_batch, varlen)
 
 
 def micro_batches(samples: list[int], data: Rollouts, rows: Rows) -> list[list[list[int]]]:
@@ -65,10 +67,13 @@ def micro_batches(samples: list[int], data: Rollouts, rows: Rows) -> list[list[l
     return [cut[k:k + mb] for k in range(0, len(cut), mb)]
 
 
-def _collate(data: Rollouts, rows: list[list[int]], packed: bool, pad: int) -> packing.Batch:
-    if packed:
+def _collate(data: Rollouts, rows: list[list[int]], how: Rows, pad: int) -> packing.Batch:
+    """A micro-batch's rows as tensors: packed, with no mask (one flat row for a varlen kernel;
+    transformers derives the mask from the position ids otherwise), or padded."""
+    if how.packing:
         return packing.collate_packed([[(data.ids[i], data.loss_mask(i)) for i in r] for r in rows],
-                                      max(sum(len(data.ids[i]) for i in r) for r in rows), pad)
+                                      max(sum(len(data.ids[i]) for i in r) for r in rows), pad,
+                                      flat=how.varlen)
     return packing.collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad)
 
 
@@ -106,7 +111,7 @@ def micro_loss(ctx: Ctx, policy: nn.Module, rows: list[list[int]], norm: Norm, s
     """Forward + backward of one micro-batch's share of the global loss (times `scale`)."""
     data, device = ctx.data, ctx.device
     index = [i for r in rows for i in r]
-    b = _collate(data, rows, ctx.rows.packing, ctx.pad).to(device)
+    b = _collate(data, rows, ctx.rows, ctx.pad).to(device)
     sample_index = b.sample_index[b.labels >= 0]  # (N,)
     m = Micro(index, sample_index, ctx.signal[index].to(device), data.rewards[index].to(device),
               data.group_acc[index].to(device), _flat(ctx.old_lp, index, device),
@@ -170,7 +175,7 @@ def _rm_warmup_step(ctx: Ctx, trainer: training.Run, rm_opt: torch.optim.Optimiz
 
     def one(rows: list[list[int]], scale: float) -> training.MicroOut:
         index = [i for r in rows for i in r]
-        b = _collate(data, rows, ctx.rows.packing, ctx.pad).to(ctx.device)
+        b = _collate(data, rows, ctx.rows, ctx.pad).to(ctx.device)
         _, bce = rm_pass(ctx, b, b.sample_index[b.labels >= 0],
                          data.rewards[index].to(ctx.device), norm, scale)
         return training.MicroOut({}, {"rm_bce": bce}, len(index) / norm.samples)
@@ -191,7 +196,10 @@ def prepare(cfg: OfflineConfig, env: training.Env, tokenizer, data: Rollouts
     need_ref = obj.needs_reference
     need_old, ctx_note = behaviour_logprobs(obj, data, sampling_of(cfg.input_dir))
     temperature = obj.logprob_temperature
-    start = training.load_policy(cfg.model, cfg.model.name_or_path, env, chunk, temperature)
+    attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing)
+    load = lambda source: training.load_policy(  # noqa: E731
+        cfg.model, source, env, chunk, temperature, attn.implementation)
+    start = load(cfg.model.name_or_path)
     start[1].eval()
     gap: dict[str, float] = {}
     if obj.needs_old_logprobs and not need_old:  # the stored ones will be pi_old: check them
@@ -203,7 +211,7 @@ def prepare(cfg: OfflineConfig, env: training.Env, tokenizer, data: Rollouts
                                                data, tokenizer.pad_token_id, device, dtype, dist)
     ref_lp = start_lp
     if need_ref and cfg.reference is not None:  # a fixed anchor other than the starting model
-        anchor = training.load_policy(cfg.model, cfg.reference, env, chunk, temperature)[1].eval()
+        anchor = load(cfg.reference)[1].eval()
         ref_lp = reference.starting_logprobs(out / "anchor_logprobs",
                                              f"{cfg.input_dir} scored by {cfg.reference}", anchor,
                                              data, tokenizer.pad_token_id, device, dtype, dist)
@@ -211,12 +219,13 @@ def prepare(cfg: OfflineConfig, env: training.Env, tokenizer, data: Rollouts
     ref_model = start[1] if obj.resident_reference else None
     ckpt = training.resume_point(out, cfg.run)
     if ckpt is not None:
-        loaded = training.load_policy(cfg.model, ckpt, env, chunk, temperature)
+        loaded = load(ckpt)
     elif obj.resident_reference:  # a second copy, loaded (and sharded) like the first
-        loaded = training.load_policy(cfg.model, cfg.model.name_or_path, env, chunk, temperature)
+        loaded = load(cfg.model.name_or_path)
     else:
         loaded = start
-    ctx = Ctx(obj, Rows.of(cfg), cfg.run.global_batch, cfg.run.seed, data, sample_signal(obj, data),
+    ctx = Ctx(obj, Rows.of(cfg, attn.varlen), cfg.run.global_batch, cfg.run.seed, data,
+              sample_signal(obj, data),
               token_scope(data, obj), start_lp if need_old else data.old_logp, ref_lp,
               tokenizer.pad_token_id, device, dtype, ref_model, behaviour=ctx_note,
               behaviour_gap=gap)
@@ -257,7 +266,9 @@ def token_reward_model(cfg: OfflineConfig, env: training.Env, model: nn.Module) 
     if dist.world_size == 1:
         rm = TokenRewardModel(model).to(device)
     else:
-        rm = load_sharded(cfg.model, cfg.model.name_or_path, device, dist,
+        attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing)
+        mcfg = cfg.model.model_copy(update={"attn_implementation": attn.implementation})
+        rm = load_sharded(mcfg, cfg.model.name_or_path, device, dist,
                           lambda m: TokenRewardModel(m, copy=False), skip=("head.",), dtype=dtype)
         rm.reset_head()
     if cfg.run.gradient_checkpointing:  # it trains on the policy's batches: as long, as wide

@@ -39,9 +39,7 @@ def test_lower_bounds_are_the_versions_whose_apis_the_code_calls():
 def test_the_installed_versions_have_those_apis_and_sit_inside_the_pins():
     import torch
     import transformers
-    from torch.distributed.fsdp import fully_shard
-
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     assert "ignored_params" in inspect.signature(fully_shard).parameters
     assert hasattr(FSDPModule, "set_force_sum_reduction_for_comms")

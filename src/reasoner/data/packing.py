@@ -1,10 +1,10 @@
 """Sequence packing: best-fit-decreasing bins, and the tensors that keep packed samples apart.
 
 A packed row holds several samples back to back. Each keeps its own positions (position ids
-restart at 0) and attends only to itself: on GPU with flash-attention the restarting position
-ids are enough (transformers derives varlen `cu_seqlens` from them); everywhere else an
-explicit block-diagonal causal mask goes to sdpa, since position ids alone do not isolate
-samples there.
+restart at 0) and attends only to itself. The restarting position ids are all the model needs:
+a varlen kernel (flash-attention, Ascend's fused attention) finds the samples from them in one
+flat row, and transformers derives the block-diagonal causal mask from them for sdpa and eager
+(`models.attention`). No mask is built here.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Batch:
     input_ids: torch.Tensor
     labels: torch.Tensor  # next-token targets already shifted; IGNORE outside the loss
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor | None  # (B, 1, T, T) bool block-diagonal causal, or (B, T) padding
+    attention_mask: torch.Tensor | None  # (B, T) padding; None when packed (position ids)
     sample_index: torch.Tensor  # (B, T) which sample of the micro-batch each token is, -1 = none
     num_samples: int
     real_tokens: int
@@ -72,10 +72,12 @@ def _shifted_labels(ids: list[int], loss_mask: list[bool]) -> list[int]:
 
 
 def collate_packed(rows: list[list[tuple[list[int], list[bool]]]], seq_len: int, pad_id: int,
-                   block_mask: bool = True) -> Batch:
-    """Rows of samples (token ids, loss mask) into packed tensors of width `seq_len`.
+                   flat: bool = False) -> Batch:
+    """Rows of samples (token ids, loss mask) into packed tensors of width `seq_len`, with no
+    attention mask: the position ids restart at each sample, and the padding after the last
+    one is a sequence of its own (it continues from 0), so it attends only to itself.
 
-    `block_mask=False` leaves the mask out (flash-attention varlen reads the position ids).
+    `flat=True` gives one row of B x seq_len tokens (what a varlen kernel takes).
     """
     B = len(rows)
     input_ids = torch.full((B, seq_len), pad_id, dtype=torch.long)
@@ -93,19 +95,12 @@ def collate_packed(rows: list[list[tuple[list[int], list[bool]]]], seq_len: int,
             position_ids[r, start:end] = torch.arange(n)
             segment[r, start:end] = k
             start, k = end, k + 1
-        # Padding continues the positions so that flash-attention sees it as one more sequence.
         position_ids[r, start:] = torch.arange(seq_len - start)
-    mask = None
-    if block_mask:
-        causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()  # (T, T)
-        same = segment[:, :, None] == segment[:, None, :]  # (B, T, T)
-        pad = segment[:, :, None] < 0
-        # Padding attends to itself (a row of all False would give NaN in sdpa).
-        mask = ((same & (segment[:, :, None] >= 0)) | (pad & torch.eye(seq_len, dtype=torch.bool))
-                ) & causal
-        mask = mask[:, None]  # (B, 1, T, T)
     real = int((segment >= 0).sum())
-    return Batch(input_ids, labels, position_ids, mask, segment, k, real)
+    if flat:
+        input_ids, labels, position_ids, segment = (
+            t.reshape(1, -1) for t in (input_ids, labels, position_ids, segment))
+    return Batch(input_ids, labels, position_ids, None, segment, k, real)
 
 
 def collate_padded(samples: list[tuple[list[int], list[bool]]], pad_id: int) -> Batch:

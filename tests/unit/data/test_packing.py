@@ -24,7 +24,11 @@ def test_pack_heavy_tail_every_sample_once_no_overflow_high_efficiency():
     assert efficiency(lengths, bins, 4096) >= 0.99
 
 
-def test_collate_packed_positions_labels_and_mask():
+def test_collate_packed_positions_labels_and_no_mask():
+    """No (B, 1, T, T) mask is built on the host (1 GiB at 32K tokens): the restarting position
+    ids carry the samples' boundaries, and the padding is a sequence of its own."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
     a = ([10, 11, 12, 13], [False, False, True, True])
     b = ([20, 21, 22], [False, True, True])
     batch = collate_packed([[a, b]], seq_len=9, pad_id=0)
@@ -33,11 +37,20 @@ def test_collate_packed_positions_labels_and_mask():
     # labels are next tokens inside the loss span of the same sample only
     assert batch.labels.tolist() == [[IGNORE, 12, 13, IGNORE, 21, 22, IGNORE, IGNORE, IGNORE]]
     assert batch.sample_index.tolist() == [[0, 0, 0, 0, 1, 1, 1, -1, -1]]
-    m = batch.attention_mask[0, 0]
-    assert m[5].tolist() == [False] * 4 + [True, True] + [False] * 3  # sample b sees only itself
-    assert m[3].tolist() == [True] * 4 + [False] * 5
-    assert m[8].tolist() == [False] * 8 + [True]  # padding sees itself only (no NaN rows)
+    assert batch.attention_mask is None
+    # the segments transformers derives for sdpa / eager: a, b, and the padding apart
+    assert find_packed_sequence_indices(batch.position_ids).tolist() == [[0, 0, 0, 0, 1, 1, 1, 2, 2]]
     assert batch.real_tokens == 7 and batch.num_samples == 2
+
+
+def test_flat_collation_is_one_row_for_a_varlen_kernel():
+    a = ([10, 11, 12], [False, True, True])
+    b = ([20, 21], [False, True])
+    batch = collate_packed([[a], [b]], seq_len=4, pad_id=0, flat=True)
+    assert batch.input_ids.tolist() == [[10, 11, 12, 0, 20, 21, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 0, 0, 1, 0, 1]]
+    assert batch.sample_index.tolist() == [[0, 0, 0, -1, 1, 1, -1, -1]]
+    assert batch.attention_mask is None and batch.num_samples == 2 and batch.real_tokens == 5
 
 
 def test_collate_padded():
@@ -47,19 +60,25 @@ def test_collate_padded():
     assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
 
 
-def test_packed_logits_equal_unpacked_logits(tiny_model_dir):
-    """Isolation with sdpa on CPU: each sample in a packed row sees exactly what it sees alone."""
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logits_equal_unpacked_logits(tiny_model_dir, attn):
+    """Isolation on the installed transformers, as the trainers call the model (no mask,
+    use_cache=False): each sample in a packed row sees exactly what it sees alone. With eager,
+    the bool block mask the trainers used to pass was added to the scores as 0 / 1."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn).eval()
     g = torch.Generator().manual_seed(0)
     samples = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (7, 12, 5)]
-    batch = collate_packed([[(s, [True] * len(s)) for s in samples]], seq_len=30, pad_id=0)
+    batch = collate_packed([[(s, [True] * len(s)) for s in samples], [(samples[1], [True] * 12)]],
+                           seq_len=30, pad_id=0)
     with torch.no_grad():
         packed = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                       attention_mask=batch.attention_mask).logits[0]
+                       attention_mask=batch.attention_mask, use_cache=False).logits
         start = 0
         for s in samples:
-            alone = model(input_ids=torch.tensor([s])).logits[0]
-            assert torch.allclose(packed[start:start + len(s)], alone, atol=1e-5, rtol=0)
+            alone = model(input_ids=torch.tensor([s]), use_cache=False).logits[0]
+            assert torch.allclose(packed[0, start:start + len(s)], alone, atol=1e-5, rtol=0)
             start += len(s)
+        assert torch.allclose(packed[1, :12], model(input_ids=torch.tensor([samples[1]]),
+                                                    use_cache=False).logits[0], atol=1e-5, rtol=0)

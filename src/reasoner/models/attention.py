@@ -1,0 +1,54 @@
+"""Which attention kernel a trainer runs, and how packed rows reach it.
+
+Packed rows keep their samples apart through their position ids, which restart at 0 for
+every sample (`data.packing`). With a flash backend (flash-attention on CUDA; on Ascend,
+transformers routes `flash_attention_2` to torch_npu's fused attention) the packed rows of a
+micro-batch are flattened into one row and the kernel finds the samples from the position ids
+(varlen): no mask, no T x T scores. Elsewhere (sdpa, eager) no mask is passed either:
+transformers derives the block-diagonal causal mask from the restarting position ids, on the
+device, as the kernel wants it (a bool mask of ours was added to eager's scores as 0 / 1). A
+dense (1, 1, T, T) mask built on the host (1 GiB at 32K tokens) is never made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reasoner.device import flash_attention_available
+from reasoner.errors import ConfigError, DependencyError
+
+FLASH = "flash_attention_2"
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    implementation: str  # transformers' attn_implementation
+    varlen: bool  # packed rows go flat, one row per micro-batch, to a varlen kernel
+
+
+def plan_attention(requested: str | None, device: torch.device, dtype: torch.dtype,
+                   packing: bool) -> AttentionPlan:
+    """The kernel for a trainer computing in `dtype` on `device` (`requested`: the config's
+    model.attn_implementation, None for the best available)."""
+    flash_here = device.type == "npu" or flash_attention_available(device)
+    if requested is None:
+        implementation = FLASH if flash_here and dtype in LOW_PRECISION else "sdpa"
+    else:
+        implementation = requested
+    if implementation.startswith("flash_attention"):
+        if dtype not in LOW_PRECISION:
+            raise ConfigError(
+                f"model.attn_implementation={implementation} computes in bf16 / fp16, but this "
+                f"run computes in {str(dtype).removeprefix('torch.')}: set model.dtype=bfloat16, "
+                "or model.attn_implementation=sdpa")
+        if device.type == "cuda" and not flash_here:
+            raise DependencyError(
+                f"model.attn_implementation={implementation} needs the flash-attn package: "
+                "pip install 'reasoner[flash]' (or leave the setting out to use sdpa)")
+        if device.type not in ("cuda", "npu"):
+            raise ConfigError(f"model.attn_implementation={implementation} runs on CUDA or Ascend "
+                              f"devices, not {device.type}: leave it out to use sdpa")
+    return AttentionPlan(implementation, packing and implementation.startswith("flash_attention"))
