@@ -39,7 +39,7 @@ from reasoner.rl.objectives import (
 from reasoner.rl.rollouts import Rollouts, load_rollouts, sampling_of
 from reasoner.rl.token_rm import TokenRewardModel, token_weights
 from reasoner.runlog import check_sinks, progress_bar
-from reasoner.training import schedule
+from reasoner.training import checkpoints, schedule
 
 
 @dataclass(frozen=True)
@@ -298,11 +298,13 @@ def run(cfg: OfflineConfig) -> Path:
     if obj.uses_token_rm:
         ctx.rm = token_reward_model(cfg, env, trainer.model)
         rm_opt = torch.optim.AdamW(ctx.rm.parameters(), lr=obj.rm_lr)
-    restore_aux(trainer.saved, ctx.rm, rm_opt, ctx.ref_model, plateau)
+    restore_aux(ckpt, trainer.saved, ctx.rm, rm_opt, ctx.ref_model, plateau)
     warmup_bce: list[float] = []
     if rm_opt is not None and trainer.start == 0 and obj.rm_warmup_steps:
         warmup_bce = rm_warmup(ctx, trainer, rm_opt, train_idx, obj.rm_warmup_steps)
-    state = lambda: aux_state(ctx.rm, rm_opt, ctx.ref_model, plateau)  # noqa: E731
+    state = lambda: {"plateau": dict(vars(plateau))} if plateau is not None else {}  # noqa: E731
+    if aux_models(ctx.rm, rm_opt, ctx.ref_model)[0]:
+        trainer.aux = lambda: checkpoints.aux_state(*aux_models(ctx.rm, rm_opt, ctx.ref_model))
     last: dict[str, float] = {}
     with training.progress(trainer, f"train-offline ({obj.name})"):
         for step in range(trainer.start, trainer.total):
@@ -337,32 +339,25 @@ def run(cfg: OfflineConfig) -> Path:
         "dropped_over_max_tokens": data.dropped, "final_loss": last.get("loss")}, state)
 
 
-def aux_state(rm: nn.Module | None, rm_opt: torch.optim.Optimizer | None,
-              ref_model: nn.Module | None, plateau: reference.Plateau | None) -> dict:
-    """What a resumed run needs beyond the policy: the token RM and its optimiser (oreal), the
-    reference when it moves (ProRL resets, discounted's moving reference), the plateau tracker."""
-    from reasoner.training.checkpoints import full_state
-
-    state = {}
-    if rm is not None:
-        state["token_rm"], state["token_rm_optim"] = full_state(rm, rm_opt)
-    if ref_model is not None:  # gathered whole (a collective: every process calls it)
-        state["reference"] = reference.plain_state(ref_model)
-    if plateau is not None:
-        state["plateau"] = dict(vars(plateau))
-    return state
+def aux_models(rm: nn.Module | None, rm_opt: torch.optim.Optimizer | None,
+               ref_model: nn.Module | None) -> tuple[dict, dict]:
+    """The models a resumed run needs beyond the policy, and their optimisers, by name: the
+    token RM and its optimiser (oreal), the reference when it moves (ProRL resets, discounted's
+    moving reference). Checkpointed shard by shard (`checkpoints.aux_state`)."""
+    models = {"token_rm": rm} if rm is not None else {}
+    optimizers = {"token_rm_optim": (rm, rm_opt)} if rm is not None else {}
+    if ref_model is not None:
+        models["reference"] = ref_model
+    return models, optimizers
 
 
-def restore_aux(saved: dict, rm: nn.Module | None, rm_opt: torch.optim.Optimizer | None,
-                ref_model: nn.Module | None, plateau: reference.Plateau | None) -> None:
-    from reasoner.training.checkpoints import restore_state
-
+def restore_aux(ckpt: Path | None, saved: dict, rm: nn.Module | None,
+                rm_opt: torch.optim.Optimizer | None, ref_model: nn.Module | None,
+                plateau: reference.Plateau | None) -> None:
+    """Put back what the checkpoint resumed from held beyond the policy (`aux_models`, the
+    plateau tracker)."""
     if plateau is not None and "plateau" in saved:
         vars(plateau).update(saved["plateau"])
-    if rm is not None and "token_rm" in saved:
-        restore_state(rm, rm_opt, saved["token_rm"], saved["token_rm_optim"])
-    if ref_model is not None and "reference" in saved:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        set_model_state_dict(ref_model, saved["reference"],
-                             options=StateDictOptions(full_state_dict=True))
+    models, optimizers = aux_models(rm, rm_opt, ref_model)
+    if ckpt is not None and models:
+        checkpoints.load_aux(ckpt, models, optimizers)

@@ -107,6 +107,11 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, two_pro
     assert one.returncode == 0, one.stderr
     two = root / str(case) / "two"
     assert same(tmp_path / "one" / "final", two / "final", 1e-5)
+    aux = two / "checkpoint-3" / "aux"  # token RM / moving reference: each process its shards
+    if "oreal" in OBJECTIVES[case] or "reset_every" in OBJECTIVES[case] or "ref_update" in OBJECTIVES[case]:
+        assert sorted(p.name for p in aux.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    else:
+        assert not aux.exists()
     refs = [tmp_path / "one" / "ref_logprobs", two / "ref_logprobs"]
     if refs[0].exists():
         from reasoner.shards import iter_rows, part_files

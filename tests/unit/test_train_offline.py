@@ -105,6 +105,11 @@ def test_resume_restores_token_rm_and_reference(tmp_path, tiny_model_dir, verifi
     T.run(cfg(tmp_path / "whole"))
     T.run(cfg(tmp_path / "cut"))
     cut = tmp_path / "cut"  # as if killed after checkpoint-2 (of 3 steps)
+    # the auxiliary model is in aux/ (torch.distributed.checkpoint, shard by shard), not
+    # gathered into trainer_state.pt (which every process would load whole on resume)
+    state = torch.load(cut / "checkpoint-2" / "trainer_state.pt", weights_only=False)
+    assert not {"token_rm", "token_rm_optim", "reference"} & state.keys()
+    assert (cut / "checkpoint-2" / "aux" / ".metadata").exists()
     shutil.rmtree(cut / "checkpoint-3")
     shutil.rmtree(cut / "final")
     manifest = json.loads((cut / "manifest.json").read_text())

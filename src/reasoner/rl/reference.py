@@ -207,10 +207,3 @@ def _resharded(*modules: nn.Module) -> None:
     for m in modules:
         if hasattr(m, "reshard"):
             m.reshard()
-
-
-def plain_state(policy: nn.Module) -> dict:
-    """The whole (unsharded) state dict of a possibly FSDP2-sharded module."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True))

@@ -9,6 +9,9 @@ With several processes nothing is gathered whole: the weights are gathered one t
 time and written by rank 0 in safetensors files of at most SHARD_BYTES (with an index), and
 the optimiser state is written by every process for its own shards (torch.distributed
 .checkpoint, `optimizer/`), which also lets a run resume on another number of processes.
+Auxiliary models a stage trains or moves (OREAL's token RM and its optimiser, a moving
+reference) go the same way, with any number of processes: `aux/`, every process its own
+shards, never gathered whole.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,7 @@ from torch import nn
 from reasoner.device import DistInfo, barrier
 
 CKPT_PREFIX = "checkpoint-"
+AUX = "aux"  # the auxiliary models' shards (torch.distributed.checkpoint)
 SHARD_BYTES = 2 * 2**30  # largest safetensors file of a streamed (multi-process) save
 
 
@@ -68,17 +75,20 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Module,
                     tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    state: dict, keep_last: int, dist: DistInfo) -> Path:
-    """Write `checkpoint-{step}` atomically: HF folder + trainer_state.pt; keep the newest K."""
+                    state: dict, keep_last: int, dist: DistInfo, aux: dict | None = None) -> Path:
+    """Write `checkpoint-{step}` atomically: HF folder + trainer_state.pt (+ `aux`: sharded
+    state dicts of auxiliary models, see `aux_state`); keep the newest K."""
     if dist.world_size > 1:
         return _save_sharded(Path(out_dir), step, policy, hf_model, tokenizer, optimizer,
-                             scheduler, state, keep_last, dist)
+                             scheduler, state, keep_last, dist, aux)
     model_sd, optim_sd = full_state(policy, optimizer)  # collective: every rank calls it
     final = Path(out_dir) / f"{CKPT_PREFIX}{step}"
     if dist.is_main:
         tmp = Path(out_dir) / f".{CKPT_PREFIX}{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         save_hf(tmp, hf_model, tokenizer, _untied(hf_model, model_sd))
+        if aux:
+            _save_aux(tmp, aux)
         _finish_checkpoint(tmp, final, Path(out_dir), optim_sd, scheduler, step, state, keep_last)
     barrier(dist)
     return final
@@ -86,7 +96,7 @@ def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Mo
 
 def _save_sharded(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Module,
                   tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict,
-                  keep_last: int, dist: DistInfo) -> Path:
+                  keep_last: int, dist: DistInfo, aux: dict | None) -> Path:
     """The multi-process save: streamed weights, per-process optimiser shards (see top)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -100,6 +110,8 @@ def _save_sharded(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Modu
     stream_weights(tmp, policy, dist)
     dcp.save({"optimizer": get_optimizer_state_dict(policy, optimizer)},
              checkpoint_id=str(tmp / "optimizer"))
+    if aux:
+        _save_aux(tmp, aux)
     if dist.is_main:
         hf_model.config.save_pretrained(tmp)
         hf_model.generation_config.save_pretrained(tmp)
@@ -107,6 +119,60 @@ def _save_sharded(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Modu
         _finish_checkpoint(tmp, final, out_dir, "optimizer/", scheduler, step, state, keep_last)
     barrier(dist)
     return final
+
+
+def aux_state(models: dict[str, nn.Module], optimizers: dict[str, tuple]) -> dict:
+    """The state dicts of auxiliary models (name: module) and their optimisers (name: (module,
+    optimiser)) as each process holds them: FSDP2 shards stay shards (DTensors), so saving
+    and loading them (`_save_aux`, `load_aux`) never gathers a model whole."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    state = {name: get_model_state_dict(m) for name, m in models.items()}
+    state.update({name: get_optimizer_state_dict(m, opt) for name, (m, opt) in optimizers.items()})
+    return state
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+@contextmanager
+def _one_process_ok() -> Iterator[None]:
+    """Silence DCP's warning that it assumes one process (it is one, here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _save_aux(folder: Path, aux: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    with _one_process_ok():
+        dcp.save(aux, checkpoint_id=str(folder / AUX), no_dist=not _distributed())
+
+
+def load_aux(ckpt: Path, models: dict[str, nn.Module], optimizers: dict[str, tuple]) -> bool:
+    """Restore what `aux_state` saved into `ckpt` (each process reads its own shards); False
+    when the checkpoint has none."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if not (Path(ckpt) / AUX).is_dir():
+        return False
+    state = aux_state(models, optimizers)  # the templates: this process's shards
+    with _one_process_ok():
+        dcp.load(state, checkpoint_id=str(Path(ckpt) / AUX), no_dist=not _distributed())
+    for name, m in models.items():
+        set_model_state_dict(m, state[name])
+    for name, (m, opt) in optimizers.items():
+        set_optimizer_state_dict(m, opt, optim_state_dict=state[name])
+    return True
 
 
 def _finish_checkpoint(tmp: Path, final: Path, out_dir: Path, optimizer_state: Any,
@@ -202,20 +268,6 @@ def load_checkpoint_state(ckpt: Path, policy: nn.Module, optimizer: torch.optim.
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state
-
-
-def restore_state(module: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict,
-                  optim_sd: dict) -> None:
-    """Load what `full_state` returned into a (possibly sharded) module and its optimiser."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    opts = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(module, model_sd, options=opts)
-    set_optimizer_state_dict(module, optimizer, optim_state_dict=optim_sd, options=opts)
 
 
 def publish_final(out_dir: Path, ckpt: Path) -> Path:

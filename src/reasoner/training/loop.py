@@ -110,6 +110,7 @@ class Run:
     skipped_in_a_row: int = 0  # steps skipped for a non-finite gradient norm, consecutively
     skipped: int = 0  # ... and in all, this invocation
     bar: Any = None
+    aux: Callable[[], dict] | None = None  # auxiliary models' shards to checkpoint (aux_state)
 
 
 def setup(model: ModelConfig, seed: int, dist_timeout_min: float = 60.0,
@@ -338,7 +339,7 @@ def end_step(run: Run, step: int, metrics: dict[str, float], info: str,
     if rc.save_every and done % rc.save_every == 0 and done < run.total:
         checkpoints.save_checkpoint(run.out, done, run.policy, run.model, run.tokenizer,
                                     run.optimizer, run.scheduler, _state(run, extra_state),
-                                    rc.keep_last, run.dist)
+                                    rc.keep_last, run.dist, run.aux() if run.aux else None)
     return metrics
 
 
@@ -354,7 +355,8 @@ def finish(run: Run, counts: dict, extra_state: Callable[[], dict] = dict) -> Pa
     """Save the last checkpoint, publish it as `output_dir/final`, mark the folder complete."""
     ckpt = checkpoints.save_checkpoint(run.out, run.total, run.policy, run.model, run.tokenizer,
                                        run.optimizer, run.scheduler, _state(run, extra_state),
-                                       run.settings.keep_last, run.dist)
+                                       run.settings.keep_last, run.dist,
+                                       run.aux() if run.aux else None)
     run.metrics.summary(counts)
     run.metrics.close()
     if run.dist.is_main:
