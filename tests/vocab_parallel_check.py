@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from reasoner.models.fsdp import shard_modules
+from reasoner.models.fsdp import VocabSplit, shard_modules
 from reasoner.models.logprobs import PolicyLogprobs
 
 VOCAB, PAD = 101, 0  # odd: the two processes hold 51 and 50 rows
@@ -47,7 +47,7 @@ def run(tied: bool) -> dict:
     whole = Qwen2ForCausalLM(cfg).double()
     ref = PolicyLogprobs(whole, chunk_size=5)  # several chunks per process
     pol = PolicyLogprobs(copy.deepcopy(whole), chunk_size=5)
-    shard_modules(pol, pol.model)
+    assert shard_modules(pol, pol.model, vocab=VocabSplit("vocab-parallel")) == "vocab-parallel"
     rank, out = dist.get_rank(), {"logprob": 0.0, "grad": 0.0, "head_rows_in_forward": []}
     for step in range(3):
         ids, pos, labels = batch(step)

@@ -181,7 +181,8 @@ def run(cfg: SFTConfig) -> Path:
     lengths = [sum(data.length(i) for i in row) for row in rows]
     ckpt = training.resume_point(out, cfg.run)
     loaded = training.load_policy(cfg.model, ckpt or cfg.model.name_or_path, env,
-                                  cfg.run.logprob_chunk, attn=attn.implementation)
+                                  cfg.run.logprob_chunk, attn=attn.implementation,
+                                  vocab=training.vocab_split(cfg, env))
     trainer = training.start(cfg, "sft", env, tokenizer, loaded,
                              schedule.total_steps(len(rows), cfg.run), ckpt,
                              {"model": cfg.model.name_or_path, "data": cfg.data.path})

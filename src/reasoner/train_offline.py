@@ -26,6 +26,7 @@ from reasoner.config import ObjectiveConfig, OfflineConfig, dump
 from reasoner.data import packing
 from reasoner.errors import TrainingError
 from reasoner.models.attention import plan_attention
+from reasoner.pipeline.memory import resident_extra
 from reasoner.rl import losses, reference
 from reasoner.rl.objectives import (
     OBJECTIVES,
@@ -198,7 +199,8 @@ def prepare(cfg: OfflineConfig, env: training.Env, tokenizer, data: Rollouts
     temperature = obj.logprob_temperature
     attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing)
     load = lambda source: training.load_policy(  # noqa: E731
-        cfg.model, source, env, chunk, temperature, attn.implementation)
+        cfg.model, source, env, chunk, temperature, attn.implementation,
+        training.vocab_split(cfg, env, resident_extra(obj)))
     start = load(cfg.model.name_or_path)
     start[1].eval()
     gap: dict[str, float] = {}
@@ -269,7 +271,9 @@ def token_reward_model(cfg: OfflineConfig, env: training.Env, model: nn.Module) 
         attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing)
         mcfg = cfg.model.model_copy(update={"attn_implementation": attn.implementation})
         rm = load_sharded(mcfg, cfg.model.name_or_path, device, dist,
-                          lambda m: TokenRewardModel(m, copy=False), skip=("head.",), dtype=dtype)
+                          lambda m: TokenRewardModel(m, copy=False), skip=("head.",), dtype=dtype,
+                          vocab=training.vocab_split(cfg, env,
+                                                     resident_extra(cfg.objective)))
         rm.reset_head()
     if cfg.run.gradient_checkpointing:  # it trains on the policy's batches: as long, as wide
         rm.model.gradient_checkpointing_enable()

@@ -88,7 +88,9 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_shape, tiny_model_dir, ve
         model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
     jobs = [args(tiny_model_dir, verified_dir, root / str(k) / "two", *overrides(o))
             for k, o in enumerate(OBJECTIVES)]
-    jobs.append(args(untied, verified_dir, root / "untied" / "two", *overrides("{name: pcl}")))
+    for layout in ("fsdp", "vocab-parallel"):
+        jobs.append(args(untied, verified_dir, root / f"untied-{layout}" / "two",
+                         *overrides("{name: pcl}"), f"run.vocab_layout={layout}"))
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
                           text=True, timeout=1200, env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -124,12 +126,17 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, two_pro
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("train-offline-two-processes")
-def test_two_processes_match_one_with_an_untied_embedding(tmp_path, verified_dir, two_process_runs):
-    """Untied embeddings (Qwen2.5-32B's layout): the input embedding and the lm-head are two
-    vocab-parallel matrices, and 2 processes still give 1's weights."""
+@pytest.mark.parametrize("layout", ["fsdp", "vocab-parallel"])
+def test_two_processes_match_one_with_an_untied_embedding(tmp_path, verified_dir, two_process_runs,
+                                                          layout):
+    """Untied embeddings (Qwen2.5-32B's layout), split either way (run.vocab_layout): two
+    vocab-parallel matrices, or two FSDP2 units of their own (the lm-head computing its
+    log-probs inside its forward); 2 processes still give 1's weights."""
     root, untied = two_process_runs
     weights = load_file(untied / "model.safetensors")
     assert not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
     one = reasoner(*args(untied, verified_dir, tmp_path / "one", *overrides("{name: pcl}")))
     assert one.returncode == 0, one.stderr
-    assert same(tmp_path / "one" / "final", root / "untied" / "two" / "final", 1e-5)
+    assert same(tmp_path / "one" / "final", root / f"untied-{layout}" / "two" / "final", 1e-5)
+    counts = json.loads((root / f"untied-{layout}" / "two" / "manifest.json").read_text())["counts"]
+    assert (counts["processes"], counts["vocab_layout"]) == (2, layout)

@@ -103,6 +103,9 @@ def plan_recipe(
                       f"{sp.need_gib:.1f} / {sp.have_gib:.1f}",
                       f"{sp.step_s:.0f}" if sp.step_s else "-", sp.verdict)
     results().print(table)
+    for sp in plans:
+        if sp.vocab:
+            results().print(f"{sp.name}: {sp.vocab}")
     done("plan")
     if not all(sp.fits for sp in plans):
         raise typer.Exit(1)

@@ -164,3 +164,8 @@ class RunConfig(Strict):
     dist_timeout_min: float = Field(
         60.0, gt=0, description="several processes: how long a collective or barrier may wait "
         "(NCCL's own default, 10, is shorter than one rank's tokenizing or checkpoint copy)")
+    vocab_layout: Literal["auto", "vocab-parallel", "fsdp"] = Field(
+        "auto", description="several processes: how the embedding and lm-head are split. "
+        "vocab-parallel: each process keeps its rows and activations travel (traffic grows "
+        "with the processes); fsdp: each is an FSDP2 unit of its own, gathered while used "
+        "(untied models only); auto: the one moving fewer bytes per step (`reasoner plan`)")

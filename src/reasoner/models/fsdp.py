@@ -8,13 +8,14 @@ shards only and copies each shard's rows from the (memory-mapped) safetensors fi
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reasoner.config import ModelConfig
-from reasoner.errors import InputError
+from reasoner.errors import ConfigError, InputError
 from reasoner.models import vocab_parallel
 
 
@@ -59,14 +60,16 @@ def model_folder(name_or_path: str) -> Path:
 
 
 def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dist: Any,
-                 wrap: Any, skip: tuple[str, ...] = (), dtype: torch.dtype = torch.float32) -> Any:
+                 wrap: Any, skip: tuple[str, ...] = (), dtype: torch.dtype = torch.float32,
+                 vocab: VocabSplit | None = None) -> Any:
     """`wrap(model)` FSDP2-sharded over the processes, each holding only its own shard.
 
     The model is built with its parameters on the meta device (buffers, such as the rotary
     frequencies, are computed for real), wrapped, sharded (`fully_shard` per decoder layer and
     the root), given storage for this process's shards only, and each shard is read from the
     safetensors files by rows, as fp32 master weights (`dtype`, the compute dtype, sets the
-    mixed-precision policy: see `shard_modules`). Parameter names starting with one of `skip` are not in the checkpoint (a head
+    mixed-precision policy: see `shard_modules`; `vocab`: how the embedding and lm-head are
+    split). Parameter names starting with one of `skip` are not in the checkpoint (a head
     the caller initialises).
     """
     from accelerate import init_empty_weights
@@ -80,7 +83,7 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
             attn_implementation=cfg.attn_implementation or "sdpa")
     model.tie_weights()  # lm_head shares the embedding's parameter when the config ties them
     wrapped = wrap(model)
-    shard_modules(wrapped, model, dtype)
+    wrapped.vocab_layout = shard_modules(wrapped, model, dtype, vocab)  # reported at the end
     buffers = {n: b.detach().clone() for n, b in wrapped.named_buffers()}
     wrapped.to_empty(device=device)
     with torch.no_grad():
@@ -91,29 +94,93 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
     return wrapped
 
 
-def shard_modules(wrapped: torch.nn.Module, model: Any, dtype: torch.dtype = torch.float32
-                  ) -> None:
-    """`fully_shard` every decoder layer, then the root; the input embedding and lm-head are
-    vocab-parallel instead (`vocab_parallel`: each process keeps its rows and never gathers
-    them).
+@dataclass(frozen=True)
+class VocabSplit:
+    """How a run asks for its embedding and lm-head to be split (run.vocab_layout), and the
+    tokens one process scores per micro-batch, which `vocab_layout` weighs."""
 
-    Left to FSDP2, the lm-head (and a tied input embedding) would be in the root unit, which
-    stays gathered from the start of forward to the end of backward with its gradient whole
-    until then: 8 bytes x vocab x hidden on every process however many there are (1.1 GiB for
-    Qwen2.5-0.5B; 5.8 GiB for each of Qwen2.5-32B's two untied matrices).
+    layout: str = "auto"  # auto | vocab-parallel | fsdp
+    tokens: int = 4096
+
+
+def vocab_traffic_bytes(layout: str, processes: int, tokens: int, hidden: int, vocab: int,
+                        untied: bool, param_bytes: int = 2, act_bytes: int = 2) -> float:
+    """Bytes one process receives per micro-batch (forward + backward) for the embedding and
+    lm-head, by the bus model (broadcast / reduce: the payload; all-gather / reduce-scatter:
+    (W-1)/W of the whole). `tokens`: one process's per micro-batch.
+
+    vocab-parallel: one phase per process moves that process's activations to every other:
+    ids and embeddings (fp32) forward, the embeddings' gradient backward; hidden states and
+    targets forward, again backward with the hidden-state gradient (fp32). Grows with W.
+    fsdp: each matrix is all-gathered in forward, again in backward, its gradient
+    reduce-scattered in fp32. Does not grow with W."""
+    w = processes
+    if layout == "vocab-parallel":
+        return w * tokens * (8 + 4 * hidden + 4 * hidden + 8 + 2 * act_bytes * hidden
+                             + 4 + 4 * hidden)
+    matrices = 2 if untied else 1
+    return matrices * (w - 1) / w * vocab * hidden * (2 * param_bytes + 4)
+
+
+def vocab_layout(split: VocabSplit | None, processes: int, hidden: int, vocab: int, tied: bool,
+                 param_bytes: int = 2) -> str:
+    """The layout a run uses: the one asked for, or (auto) the one moving fewer bytes. Tied
+    weights stay vocab-parallel: as FSDP2 units the embedding and lm-head would be one unit
+    (the root's), gathered from the start of forward to the end of backward."""
+    split = split or VocabSplit()
+    if tied:
+        if split.layout == "fsdp":
+            raise ConfigError("run.vocab_layout=fsdp needs untied embeddings (this model ties "
+                              "its lm-head to its input embedding): use auto or vocab-parallel")
+        return "vocab-parallel"
+    if split.layout != "auto":
+        return split.layout
+    cost = {layout: vocab_traffic_bytes(layout, processes, split.tokens, hidden, vocab, True,
+                                        param_bytes, param_bytes)
+            for layout in ("vocab-parallel", "fsdp")}
+    return min(cost, key=cost.get)
+
+
+def shard_modules(wrapped: torch.nn.Module, model: Any, dtype: torch.dtype = torch.float32,
+                  vocab: VocabSplit | None = None) -> str:
+    """`fully_shard` every decoder layer, then the root; the input embedding and lm-head are
+    split as `vocab_layout` says (returned):
+
+    - vocab-parallel (`vocab_parallel`): each process keeps its rows and never gathers them;
+      activations travel instead, every process's to every other.
+    - fsdp: each is an FSDP2 unit of its own, gathered only while it computes (the lm-head
+      as a `LogprobHead`, so that the log-prob computation runs inside its forward).
+
+    Left in the root unit, the lm-head (and a tied input embedding) would stay gathered from
+    the start of forward to the end of backward with its gradient whole until then: 8 bytes x
+    vocab x hidden on every process however many there are (1.1 GiB for Qwen2.5-0.5B).
 
     Precision (`mixed_precision`): bf16 gathers and computes in bf16, reduces in fp32 and keeps
     fp32 master shards. Gradients are summed over the processes, never averaged (`sum_only`).
     """
     from torch.distributed.fsdp import fully_shard
 
+    from reasoner.models.logprobs import LogprobHead
+
     policy = mixed_precision(dtype)
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=policy)
     mesh = next(model.model.layers[0].parameters()).device_mesh
-    vocab = vocab_parallel.shard_vocab(model, mesh)
-    fully_shard(wrapped, mesh=mesh, ignored_params=set(vocab), mp_policy=policy)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embed.weight
+    layout = vocab_layout(vocab, mesh.size(), embed.weight.shape[1], embed.weight.shape[0],
+                          tied, 2 if dtype == torch.bfloat16 else 4)
+    ignored: set = set()
+    if layout == "fsdp":
+        fully_shard(embed, mesh=mesh, mp_policy=policy)
+        if head is not None:
+            head.__class__ = LogprobHead  # an nn.Linear subclass: same weights, same names
+            fully_shard(head, mesh=mesh, mp_policy=policy)
+    else:
+        ignored = set(vocab_parallel.shard_vocab(model, mesh))
+    fully_shard(wrapped, mesh=mesh, ignored_params=ignored, mp_policy=policy)
     sum_only(wrapped)
+    return layout
 
 
 def mixed_precision(dtype: torch.dtype) -> Any:

@@ -70,12 +70,29 @@ def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor,
     return _ChunkedLogprobs.apply(hidden, lm_head_weight, targets, chunk_size)
 
 
+class LogprobHead(nn.Linear):
+    """An lm-head (`nn.Linear`, no bias) whose forward, given targets, returns their log-probs.
+
+    `fsdp.shard_modules` makes the lm-head one (a class swap: the same weight, the same
+    names) when it is an FSDP2 unit of its own: FSDP2 gathers a unit's parameters around its
+    forward and reduce-scatters their gradient after its backward, so the chunked log-prob
+    computation must run inside that forward, not read the sharded weight from outside."""
+
+    def forward(self, hidden: Tensor, targets: Tensor | None = None,
+                chunk_size: int = 4096) -> Tensor:
+        if targets is None:
+            return super().forward(hidden)
+        return token_logprobs(hidden, self.weight, targets, chunk_size)
+
+
 class PolicyLogprobs(nn.Module):
     """A causal LM seen as a function from token batches to the log-probs of their labels.
 
     Wrapping the whole computation in one module lets FSDP2 / DDP treat it as the root: the
     embeddings, final norm and lm-head weight are gathered for this forward like any other.
     """
+
+    vocab_layout = "whole"  # or how `fsdp.shard_modules` split the embedding and lm-head
 
     def __init__(self, model: nn.Module, chunk_size: int = 4096, temperature: float = 1.0):
         super().__init__()
@@ -91,4 +108,7 @@ class PolicyLogprobs(nn.Module):
         hidden = out.last_hidden_state  # (B, T, H)
         keep = labels >= 0  # (B, T)
         h = hidden[keep] if self.temperature == 1.0 else hidden[keep] / self.temperature  # (N, H)
-        return token_logprobs(h, self.model.lm_head.weight, labels[keep], self.chunk_size)  # (N,)
+        head = self.model.lm_head
+        if isinstance(head, LogprobHead):  # an FSDP2 unit of its own: gathered in its forward
+            return head(h, labels[keep], self.chunk_size)  # (N,)
+        return token_logprobs(h, head.weight, labels[keep], self.chunk_size)  # (N,)

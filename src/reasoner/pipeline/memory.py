@@ -25,6 +25,7 @@ from typing import Any
 
 from reasoner.config import ObjectiveConfig
 from reasoner.errors import ConfigError
+from reasoner.models import fsdp
 
 GIB = 2**30
 # Shapes of the models the shipped recipes name, for planning without downloading them
@@ -137,17 +138,22 @@ def count_parameters(name_or_path: str | Path) -> int:
 
 
 def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
-                   logprob_chunk: int, extra_models: int = 0) -> dict[str, float]:
+                   logprob_chunk: int, extra_models: int = 0, vocab_layout: str = "vocab-parallel"
+                   ) -> dict[str, float]:
     """Bytes per device of one training process, by component (see the module docstring)."""
     sharded = devices > 1
+    rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
     out = {
         "weights+grads+adam fp32": 16 * s.params / devices,
-        # the root FSDP unit (the final norm: embeddings and lm-head are vocab-parallel) stays
-        # gathered through forward and backward; layers: current + prefetched + gradient
+        # the root FSDP unit (the final norm) stays gathered through forward and backward;
+        # layers: current + prefetched + gradient
         "gathered root + 3 layers": 4 * (2 * s.hidden + 3 * s.layer_params) if sharded else 0.0,
-        # one chunk of one process's tokens against this device's rows of the vocabulary
-        "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * math.ceil(s.vocab / devices),
+        # one chunk of one process's tokens against this device's rows of the vocabulary (all
+        # of them when the lm-head is an FSDP2 unit of its own)
+        "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * rows,
     }
+    if sharded and vocab_layout == "fsdp":  # the lm-head gathered, its fp32 copy and gradient
+        out["gathered lm-head"] = s.vocab * s.hidden * (dtype_bytes + 8)
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
     if checkpointing:
         out["activations"] = s.layers * tokens * s.hidden * dtype_bytes + 2 * per_layer
@@ -210,6 +216,7 @@ class MemoryEstimate:
     have_gib: float
     step_s: float | None
     verdict: str
+    vocab: str = ""  # training: how the embedding and lm-head split, and the bytes it moves
 
     @property
     def fits(self) -> bool:
@@ -234,9 +241,13 @@ def plan_training(name: str, cfg: Any, shape: Shape, model: str, devices: int, m
         if devices % (tp * pp):
             raise ConfigError(f"--devices {devices} is not a multiple of tp x pp = {tp * pp}")
         parts = megatron_bytes(shape, devices, tokens, tp, pp, cfg.run.gradient_checkpointing)
+        vocab = ""
     else:
+        layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
         parts = training_bytes(shape, devices, tokens, dtype_bytes,
-                               cfg.run.gradient_checkpointing, cfg.run.logprob_chunk, extra)
+                               cfg.run.gradient_checkpointing, cfg.run.logprob_chunk, extra,
+                               layout if devices > 1 else "whole")
+        vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
     need = 1.1 * sum(parts.values()) / GIB  # allocator fragmentation
     per_step = cfg.run.global_batch * (cfg.seq_len if cfg.packing else cfg.max_tokens)
     step = step_seconds(shape, per_step, cfg.seq_len if cfg.packing else cfg.max_tokens,
@@ -254,7 +265,43 @@ def plan_training(name: str, cfg: Any, shape: Shape, model: str, devices: int, m
                       biggest, "raise tp / pp or use more devices")
         verdict = f"does not fit: {advice} ({biggest} is the largest part)"
     return MemoryEstimate(name, cfg.__class__.__name__, model, devices,
-                     {k: v / GIB for k, v in parts.items()}, need, mem_gib, step, verdict)
+                          {k: v / GIB for k, v in parts.items()}, need, mem_gib, step, verdict,
+                          vocab)
+
+
+def choose_vocab_layout(cfg: Any, shape: Shape, devices: int, mem_gib: float | None,
+                        dtype_bytes: int, extra: int = 0) -> str:
+    """run.vocab_layout, or for `auto` the layout that moves fewer bytes among those that fit
+    `mem_gib` (all when it is unknown): what `reasoner plan` reports and the trainers use.
+    FSDP2 units for the embedding and lm-head move a constant number of bytes whatever the
+    number of processes, vocab-parallel ones a number that grows with it, but they hold the
+    whole vocabulary while they compute (the gathered lm-head, its logits chunks)."""
+    tokens = cfg.run.micro_batch * (cfg.seq_len if cfg.packing else cfg.max_tokens)
+    split = fsdp.VocabSplit(cfg.run.vocab_layout, tokens)
+    if cfg.run.vocab_layout != "auto" or shape.tied or devices == 1:
+        return fsdp.vocab_layout(split, devices, shape.hidden, shape.vocab, shape.tied,
+                                 dtype_bytes)
+    moved = {lay: fsdp.vocab_traffic_bytes(lay, devices, tokens, shape.hidden, shape.vocab,
+                                           True, dtype_bytes, dtype_bytes)
+             for lay in ("vocab-parallel", "fsdp")}
+    need = {lay: 1.1 * sum(training_bytes(shape, devices, tokens, dtype_bytes,
+                                          cfg.run.gradient_checkpointing, cfg.run.logprob_chunk,
+                                          extra, lay).values()) / GIB for lay in moved}
+    fitting = [lay for lay in moved if mem_gib is None or need[lay] <= mem_gib]
+    if not fitting:  # neither fits: the one closer to fitting (the plan says what to change)
+        return min(need, key=need.get)
+    return min(fitting, key=moved.get)
+
+
+def vocab_note(s: Shape, devices: int, tokens: int, dtype_bytes: int, layout: str) -> str:
+    """The layout run.vocab_layout gives, and the bytes per micro-batch each device receives
+    for the embedding and lm-head in it and in the other (scripts/bench_comm.py counts them)."""
+    moved = {lay: fsdp.vocab_traffic_bytes(lay, devices, tokens, s.hidden, s.vocab, not s.tied,
+                                           dtype_bytes, dtype_bytes) / 1e9
+             for lay in ("vocab-parallel", "fsdp")}
+    other = "fsdp" if layout == "vocab-parallel" else "vocab-parallel"
+    alt = f"{other} {moved[other]:.1f} GB" if not s.tied else "fsdp: needs untied weights"
+    return f"vocab {layout}: {moved[layout]:.1f} GB / micro-batch ({alt})"
 
 
 def plan_generation(name: str, model: str, shape: Shape, dtype: str, tp: int, utilization: float,

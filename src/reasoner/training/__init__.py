@@ -25,10 +25,12 @@ from reasoner.training.loop import (
     setup,
     shard_model,
     start,
+    vocab_split,
 )
 
 __all__ = [
     "MIN_LOSS_SCALE", "Env", "MicroOut", "Run", "TrainerConfig", "accumulate", "clip_grad_norm",
     "end_step", "finish", "load_policy", "load_weights", "loss_scale", "make_scaler",
     "optimizer_step", "progress", "resume_point", "setup", "shard_model", "start",
+    "vocab_split",
 ]

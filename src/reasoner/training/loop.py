@@ -28,6 +28,7 @@ from reasoner import shards
 from reasoner.config import ModelConfig, OptimConfig, RunConfig, dump
 from reasoner.device import DistInfo
 from reasoner.errors import TrainingError
+from reasoner.models.fsdp import VocabSplit
 from reasoner.runlog import MetricsLog, Timer, progress_bar
 from reasoner.training import checkpoints, schedule
 
@@ -39,6 +40,33 @@ class TrainerConfig(Protocol):
     optim: OptimConfig
     run: RunConfig
     output_dir: Path
+    packing: bool
+    seq_len: int
+    max_tokens: int
+
+
+def vocab_split(cfg: TrainerConfig, env: Env, extra: int = 0) -> VocabSplit:
+    """How the embedding and lm-head split over the processes: run.vocab_layout, or for `auto`
+    what `reasoner plan` chooses for this model on this machine's devices (`memory.
+    choose_vocab_layout`; `extra`: bytes per parameter of models kept beside the policy)."""
+    from reasoner.errors import ConfigError
+    from reasoner.pipeline import memory
+
+    device, dist, dtype = env
+    layout = cfg.run.vocab_layout
+    if layout == "auto" and dist.world_size > 1:
+        try:
+            shape = memory.shape_of(str(cfg.model.name_or_path))
+        except ConfigError:  # no config.json to read here: the traffic alone decides
+            shape = None
+        if shape is not None:
+            found = dev.local_devices() if device.type != "cpu" else None
+            layout = memory.choose_vocab_layout(cfg, shape, dist.world_size,
+                                                found[2] if found else None,
+                                                torch.tensor([], dtype=dtype).element_size(),
+                                                extra)
+    width = cfg.seq_len if cfg.packing else cfg.max_tokens
+    return VocabSplit(layout, cfg.run.micro_batch * width)
 
 
 Env = tuple[torch.device, DistInfo, torch.dtype]  # device, process group, compute dtype
@@ -172,10 +200,11 @@ def loss_scale(run: Run) -> float:
 
 
 def load_policy(model: ModelConfig, source: str | Path, env: Env, chunk: int,
-                temperature: float = 1.0, attn: str | None = None) -> tuple[nn.Module, nn.Module]:
+                temperature: float = 1.0, attn: str | None = None,
+                vocab: VocabSplit | None = None) -> tuple[nn.Module, nn.Module]:
     """(HF model, PolicyLogprobs around it) of `source`, scoring `chunk` tokens at a time. One
     process: the whole model. Several: FSDP2-sharded as it loads, so no process ever holds the
-    whole model (models.fsdp.load_sharded)."""
+    whole model (models.fsdp.load_sharded; `vocab`: how its embedding and lm-head split)."""
     from reasoner.models.fsdp import load_sharded
     from reasoner.models.logprobs import PolicyLogprobs
 
@@ -185,7 +214,8 @@ def load_policy(model: ModelConfig, source: str | Path, env: Env, chunk: int,
         return hf, PolicyLogprobs(hf, chunk, temperature)
     mcfg = model.model_copy(update={"attn_implementation": attn or model.attn_implementation})
     policy = load_sharded(mcfg, source, device, dist,
-                          lambda m: PolicyLogprobs(m, chunk, temperature), dtype=dtype)
+                          lambda m: PolicyLogprobs(m, chunk, temperature), dtype=dtype,
+                          vocab=vocab)
     return policy.model, policy
 
 
@@ -363,6 +393,7 @@ def finish(run: Run, counts: dict, extra_state: Callable[[], dict] = dict) -> Pa
         final = checkpoints.publish_final(run.out, ckpt)
         shards.update_manifest(run.out, complete=True, counts={
             "steps": run.total, "resumed_from": run.start, "skipped_steps": run.skipped,
+            "processes": run.dist.world_size, "vocab_layout": run.policy.vocab_layout,
             **counts,
             "seconds": round(run.timer.elapsed(), 2), "final_model": str(final)})
     dev.barrier(run.dist)

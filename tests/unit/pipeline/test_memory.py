@@ -69,3 +69,28 @@ def test_run_checks_the_plan_on_a_gpu_machine_first(monkeypatch, tmp_path):
     assert out.exit_code == 2
     assert "stage sft: needs" in out.output and "--no-plan runs anyway" in out.output
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_the_plan_chooses_the_vocab_layout_moving_fewer_bytes_among_those_that_fit():
+    """Qwen2.5-32B (untied), 64 processes, 32K-token rows: as vocab-parallel matrices the
+    embedding and lm-head move every process's activations to every other, 171.8 GB per
+    micro-batch per device (268.5 GB for train-offline's 51K rows), as FSDP2 units of their own
+    12.3 GB, whatever the number of processes. On 80 GiB devices the plan (and a run's `auto`)
+    takes the FSDP2 units; on 64 GiB NPUs SFT fits only vocab-parallel (the gathered lm-head and
+    whole-vocabulary logits chunks cost 14 GiB), so it keeps that."""
+    roomy = {p.name: p for p in plan.plan_recipe(PCL, 64, 80.0, "gpu")}
+    assert roomy["sft"].fits
+    assert roomy["sft"].vocab == "vocab fsdp: 12.3 GB / micro-batch (vocab-parallel 171.8 GB)"
+    assert "gathered lm-head" in roomy["sft"].parts
+    tight = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "npu")}
+    assert tight["sft"].fits
+    assert tight["sft"].vocab == "vocab vocab-parallel: 171.8 GB / micro-batch (fsdp 12.3 GB)"
+    assert "gathered lm-head" not in tight["sft"].parts
+    # asked for explicitly, it is used even where it does not fit, and the plan says so
+    forced = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "npu",
+                                                  overrides=["sft.run.vocab_layout=fsdp"])}
+    assert forced["sft"].vocab.startswith("vocab fsdp") and not forced["sft"].fits
+    # a tied model (Qwen2.5-0.5B) stays vocab-parallel: its one matrix would be the root unit's
+    one_gpu = REPO / "configs" / "gsm8k_1gpu" / "recipe.yaml"
+    small = {p.name: p for p in plan.plan_recipe(one_gpu, 8, 24.0, "l4")}
+    assert small["rl"].vocab.startswith("vocab vocab-parallel") and "needs untied" in small["rl"].vocab
