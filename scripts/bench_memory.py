@@ -2,7 +2,8 @@
 `reasoner plan` predicts for each.
 
 A random-weight Qwen2 checkpoint in the shape of Qwen2.5-0.5B (494M parameters, fp32 on disk)
-trains for two steps on short synthetic rows. Each process records its peak RSS (VmHWM;
+trains for two steps on short synthetic rows, each step accumulating two micro-batches per
+process (four on one): between them FSDP2 must keep its gradients sharded. Each process records its peak RSS (VmHWM;
 `ru_maxrss` would start at torchrun's own peak) from start to end: loading, sharding, the steps
 and the final checkpoint.
 
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLES, GLOBAL_BATCH = 64, 4  # rows per step: 2 micro-batches on each of 2 processes, 4 on 1
 
 
 def build_checkpoint(folder: Path, layers: int, tied: bool = True) -> None:
@@ -50,8 +52,9 @@ def build_checkpoint(folder: Path, layers: int, tied: bool = True) -> None:
 
 def sft_args(model: Path, data: Path, out: Path) -> list[str]:
     return [str(REPO / "configs/quickstart/sft.yaml"), f"model.name_or_path={model}",
-            f"data.path={data}", f"output_dir={out}", "data.limit=16", "seq_len=256",
-            "max_tokens=256", "run.global_batch=2", "run.max_steps=2", "run.progress=false",
+            f"data.path={data}", f"output_dir={out}", f"data.limit={EXAMPLES}", "seq_len=256",
+            "max_tokens=256", f"run.global_batch={GLOBAL_BATCH}", "run.max_steps=2",
+            "run.progress=false",
             "run.save_every=1000", "run.gradient_checkpointing=true", "model.device=cpu",
             "run.keep_last=1"]
 
@@ -166,13 +169,13 @@ def main() -> None:
     suffix = "-untied" if a.untied else ""
     model = a.out / f"qwen2-{a.layers}l{suffix}"
     build_checkpoint(model, a.layers, tied=not a.untied)
-    data = a.out / "data"
+    data = a.out / f"data-{EXAMPLES}"
     if not data.exists():
         from reasoner.config import SynthConfig
         from reasoner.data import synthetic
 
-        synthetic.run(SynthConfig.model_validate({"output_dir": str(data), "num_train": 32,
-                                                  "num_test": 4}))
+        synthetic.run(SynthConfig.model_validate({"output_dir": str(data),
+                                                  "num_train": EXAMPLES, "num_test": 4}))
     data = data / "sft"
     runs = {n: measure(n, model, data, a.out, a.overrides, a.trace) for n in (1, 2)}
     one = [r["peak_gib"] for r in runs[1]]
@@ -185,6 +188,7 @@ def main() -> None:
         "model": str(model), "parameters": plan.count_parameters(model),
         "peak_gib_1_process": one, "peak_gib_2_processes": two,
         "ratio_2_vs_1": max(two) / one[0],
+        "micro_batches_per_step": {"1": GLOBAL_BATCH, "2": GLOBAL_BATCH // 2},
         "plan_gib": predicted,
         "plan_error": {"1": predicted[1] / one[0] - 1, "2": predicted[2] / max(two) - 1},
         "overrides": a.overrides,
