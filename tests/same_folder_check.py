@@ -27,8 +27,8 @@ def main(base: Path, out: str) -> None:
             seen[case] = None
         except InputError as e:
             seen[case] = str(e)
+    dist.barrier()  # rank 0 removes its mark after the last collective: look after it did
     seen["marks_left"] = sorted(str(p.relative_to(base)) for p in base.rglob(".same-folder-check"))
-    dist.barrier()
     Path(f"{out}.{rank}").write_text(json.dumps(seen))
     dist.destroy_process_group()
 

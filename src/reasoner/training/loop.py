@@ -47,24 +47,26 @@ class TrainerConfig(Protocol):
 
 def vocab_split(cfg: TrainerConfig, env: Env, extra: int = 0) -> VocabSplit:
     """How the embedding and lm-head split over the processes: run.vocab_layout, or for `auto`
-    what `reasoner plan` chooses for this model on this machine's devices (`memory.
-    choose_vocab_layout`; `extra`: bytes per parameter of models kept beside the policy)."""
+    what `reasoner plan` picks for this model on these devices (`memory.choose_vocab_layout`;
+    `extra`: bytes per parameter of models beside the policy), rank 0's choice for every rank."""
     from reasoner.errors import ConfigError
     from reasoner.pipeline import memory
 
     device, dist, dtype = env
-    layout = cfg.run.vocab_layout
-    if layout == "auto" and dist.world_size > 1:
-        try:
+    layout, layouts = cfg.run.vocab_layout, ("auto", "vocab-parallel", "fsdp")
+    if layout == "auto" and dist.world_size > 1 and dist.is_main:
+        try:  # without a config.json to read here, the traffic alone decides (`auto`)
             shape = memory.shape_of(str(cfg.model.name_or_path))
-        except ConfigError:  # no config.json to read here: the traffic alone decides
-            shape = None
-        if shape is not None:
             found = dev.local_devices() if device.type != "cpu" else None
             layout = memory.choose_vocab_layout(cfg, shape, dist.world_size,
                                                 found[2] if found else None,
                                                 torch.tensor([], dtype=dtype).element_size(),
                                                 extra)
+        except ConfigError:
+            pass
+    if dist.world_size > 1:
+        mine = [float(layouts.index(layout)) if dist.is_main else 0.0]
+        layout = layouts[int(dev.all_reduce(mine, dist, device)[0])]
     width = cfg.seq_len if cfg.packing else cfg.max_tokens
     return VocabSplit(layout, cfg.run.micro_batch * width)
 
@@ -263,12 +265,10 @@ def accumulate(run: Run, micro_batches: list, step_fn: Callable[[Any, float], Mi
     """Forward + backward of this process's micro-batches of one global batch; reduced metrics.
 
     Every process runs as many passes as the busiest one (a collective inside FSDP would hang
-    otherwise): the extra passes run `dummy` with weight 0. Gradient sync stays on for every
-    pass: with it off until the last one, FSDP2 keeps each parameter's gradient unsharded in
-    fp32 on every device until then (about 124 GB per device at 32B), which no memory plan of
-    a sharded run allows for; on, each pass reduce-scatters into the sharded gradient. `step_fn(micro_batch, scale)` must
-    scale its loss by `scale` (the fp16 loss scale, 1 without one; 0 for a dummy pass) and
-    report unscaled values.
+    otherwise): the extra passes run `dummy` with weight 0. Gradient sync stays on, so each
+    pass reduce-scatters into the sharded gradient (off, FSDP2 would keep whole fp32 gradients
+    on every device until the last pass: ~124 GB at 32B). `step_fn(micro_batch, scale)` scales
+    its loss by `scale` (fp16 loss scale, else 1; 0 for a dummy pass), reports unscaled values.
     """
     count = len(micro_batches)
     if run.dist.world_size > 1:
