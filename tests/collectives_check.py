@@ -15,6 +15,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from tests_helpers import leave_process_group
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasoner import device as dev
@@ -84,7 +85,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(result, f)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

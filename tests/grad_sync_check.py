@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from tests_helpers import leave_process_group
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasoner import training
@@ -53,7 +54,7 @@ def main(out: str) -> None:
     if rank == 0:
         with open(out, "w") as fh:
             json.dump({"sharded_params": len(sharded), "grads_sharded_after_each": seen}, fh)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tests_helpers import leave_process_group
 
 from reasoner import device as dev
 from reasoner.errors import InputError
@@ -30,7 +31,7 @@ def main(base: Path, out: str) -> None:
     dist.barrier()  # rank 0 removes its mark after the last collective: look after it did
     seen["marks_left"] = sorted(str(p.relative_to(base)) for p in base.rglob(".same-folder-check"))
     Path(f"{out}.{rank}").write_text(json.dumps(seen))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

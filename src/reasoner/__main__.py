@@ -1,4 +1,4 @@
-from reasoner.cli import app
+from reasoner.cli import run
 
 if __name__ == "__main__":  # the verifier pool's workers re-import the main module
-    app(prog_name="reasoner")
+    run()

@@ -94,3 +94,28 @@ def test_every_process_must_see_the_run_folder_rank_0_created(tmp_path):
         assert seen["per node"].startswith("1 of 2 processes do not see the run folder ")
         assert "a file system every node shares" in seen["per node"]
         assert seen["marks_left"] == []
+
+
+@pytest.mark.parametrize("argv, code, left", [(["--version"], 0, True),
+                                              (["no-such-command"], 2, False)])
+def test_the_command_line_leaves_the_process_group_only_after_success(
+        tmp_path, monkeypatch, argv, code, left):
+    """A torchrun process that exits holding its process group may abort at interpreter
+    shutdown (gloo) and NCCL warns that pending work may be lost: `reasoner` tears the group
+    down after a command succeeds. After a failure it leaves it: another rank may still be in a
+    collective, and tearing down would hang there instead of exiting."""
+    import torch.distributed as tdist
+
+    from reasoner.cli import run
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                             world_size=1)
+    try:
+        monkeypatch.setattr("sys.argv", ["reasoner", *argv])
+        with pytest.raises(SystemExit) as exit_:
+            run()
+        assert exit_.value.code == code
+        assert tdist.is_initialized() is not left
+    finally:
+        if tdist.is_initialized():
+            tdist.destroy_process_group()

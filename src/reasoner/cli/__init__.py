@@ -64,3 +64,26 @@ app.add_typer(config_commands.config_app, name="config")
 
 if __name__ == "__main__":
     app()
+
+
+def run() -> None:
+    """The `reasoner` entry point: the app, then the process group torn down after success.
+
+    Under torchrun a process that exits without `destroy_process_group` may abort while the
+    interpreter shuts down (gloo's worker threads still hold tensors; SIGABRT, "terminate
+    called without an active exception") and NCCL warns that pending work may be lost. After a
+    failure the group is left alone: tearing it down while another rank is still inside a
+    collective would hang instead of exiting (torchtitan does the same)."""
+    try:
+        app(prog_name="reasoner")
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            _leave_process_group()
+        raise
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
