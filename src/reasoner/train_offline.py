@@ -279,6 +279,8 @@ def token_reward_model(cfg: OfflineConfig, env: training.Env, model: nn.Module) 
         rm.model.gradient_checkpointing_enable()
     rm.train()
     return rm
+
+
 def run(cfg: OfflineConfig) -> Path:
     """Train; return the final HF model folder (`output_dir/final`)."""
     out, obj = Path(cfg.output_dir), cfg.objective

@@ -87,18 +87,29 @@ def test_bad_inputs(tmp_path, tiny_model_dir, verified_dir, synth_dir):
                                                                "progress": False}))
 
 
-@pytest.mark.parametrize("objective", [
-    {"name": "oreal", "token_weights": "rm", "rm_lr": 0.3},         # the token RM resumes too
-    {"name": "prorl", "reset_every": 1, "kl_coef": 50.0},           # so does the reset reference
+@pytest.mark.parametrize("objective, tied", [
+    ({"name": "oreal", "token_weights": "rm", "rm_lr": 0.3}, True),  # the token RM resumes too
+    # untied, the RM's LM head is never used: it had no optimiser state to save, yet a fresh
+    # optimiser's template asked for some on resume ("Missing key" from DCP)
+    ({"name": "oreal", "token_weights": "rm", "rm_lr": 0.3}, False),
+    ({"name": "prorl", "reset_every": 1, "kl_coef": 50.0}, True),    # so does the reset reference
 ])
-def test_resume_restores_token_rm_and_reference(tmp_path, tiny_model_dir, verified_dir, objective):
+def test_resume_restores_token_rm_and_reference(tmp_path, tiny_model_dir, verified_dir, synth_dir,
+                                                tiny_shape, objective, tied):
     import json
     import shutil
 
     from safetensors.torch import load_file
 
+    from reasoner import models
+    from reasoner.config import TinyConfig
+
+    model_dir = tiny_model_dir if tied else models.build_tiny(TinyConfig(
+        output_dir=tmp_path / "untied", corpus=[synth_dir / "sft"],
+        model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
+
     def cfg(out):
-        return cfg_for(tiny_model_dir, verified_dir, out, objective=objective,
+        return cfg_for(model_dir, verified_dir, out, objective=objective,
                        optim={"lr": 1e-2, "min_lr": 1e-2}, run={"global_batch": 8, "max_steps": 4, "save_every": 2,
                                                 "keep_last": 5, "progress": False})
 

@@ -27,6 +27,11 @@ class TokenRewardModel(nn.Module):
         self.model = copy_module.deepcopy(policy_model) if copy else policy_model
         self.head = nn.Linear(self.model.config.hidden_size, 1)
         self.reset_head()
+        lm_head, embed = self.model.get_output_embeddings(), self.model.get_input_embeddings()
+        if lm_head is not None and lm_head.weight is not embed.weight:
+            # scores come from the trunk: an untied LM head gets no gradient, hence no optimiser
+            # state to checkpoint, and a fresh optimiser's template would ask for it on resume
+            lm_head.requires_grad_(False)
 
     @torch.no_grad()
     def reset_head(self) -> None:
