@@ -22,9 +22,12 @@ def main(base: Path, out: str) -> None:
     rank = dist.get_rank()
     info = dev.DistInfo(rank, 2, rank)
     seen = {}
-    for case, folder in (("shared", base / "run"), ("per node", base / f"node{rank}" / "run")):
+    (base / "a-file").parent.mkdir(parents=True, exist_ok=True)
+    (base / "a-file").write_text("not a folder")
+    for case, folder in (("shared", base / "run"), ("per node", base / f"node{rank}" / "run"),
+                         ("uncreatable", base / "a-file" / "run")):
         try:
-            dev.check_same_folder(folder, info, torch.device("cpu"))
+            dev.check_same_folder(folder, info, torch.device("cpu"), patience_s=1.0)
             seen[case] = None
         except InputError as e:
             seen[case] = str(e)

@@ -5,6 +5,7 @@ The only module that touches `torch.cuda` or `torch_npu`; everything else asks i
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -102,38 +103,59 @@ def init_distributed(device: torch.device, timeout_min: float = 60.0) -> DistInf
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def check_same_folder(folder: Path, dist: DistInfo, device: torch.device) -> None:
+def check_same_folder(folder: Path, dist: DistInfo, device: torch.device,
+                      patience_s: float = 30.0) -> None:
     """Stop every process, with one clear error, unless all of them see the same `folder`.
 
-    Rank 0 creates the folder and leaves a random number in it; every process reads it back.
+    Rank 0 creates the folder and leaves a random number in it; every process reads it back,
+    for up to `patience_s` seconds (NFS caches a file's absence for a while on other nodes).
     On two nodes without a shared file system the other node's processes find nothing (or a
     stale number): left alone, rank 0 would publish checkpoints whose optimiser shards sit on
     other disks, and a resume would pick different steps on different nodes. Every process
-    raises, so none is left waiting in a collective."""
+    raises, so none is left waiting in a collective; also when rank 0 cannot create it."""
     if dist.world_size == 1:
         return
     import secrets
 
     mark = Path(folder) / ".same-folder-check"
-    token = secrets.randbits(24) if dist.is_main else 0
+    token, failed = (secrets.randbits(24) if dist.is_main else 0), ""
     if dist.is_main:
-        mark.parent.mkdir(parents=True, exist_ok=True)
-        mark.write_text(str(token))
+        try:
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.write_text(str(token))
+        except OSError as e:
+            token, failed = -1, str(e)
     token = int(all_reduce([token], dist, device)[0])  # exact: 24 bits fit fp32 (HCCL's)
-    try:
-        seen = int(mark.read_text())
-    except (OSError, ValueError):
-        seen = -1
-    missing = all_reduce([float(seen != token)], dist, device)
+    if token < 0:
+        raise InputError(f"rank 0 could not create the run folder {folder}"
+                         f"{': ' + failed if failed else ''}; check output_dir and its permissions")
+    missing = all_reduce([float(not read_mark(mark, token, patience_s))], dist, device)
     if dist.is_main:
         mark.unlink(missing_ok=True)
     if missing[0]:
-        from reasoner.errors import InputError
-
         raise InputError(
             f"{int(missing[0])} of {dist.world_size} processes do not see the run folder "
             f"{folder} that rank 0 created: put output_dir on a file system every node shares "
             "(checkpoints, resumes and the final model are written there by all of them)")
+
+
+def read_mark(mark: Path, token: int, patience_s: float) -> bool:
+    """Whether `mark` holds `token`, looking again for up to `patience_s` seconds: listing the
+    folder makes an NFS client drop the absence it cached before rank 0 wrote the file."""
+    import time
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if int(mark.read_text()) == token:
+                return True
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        with contextlib.suppress(OSError):
+            os.listdir(mark.parent)
+        time.sleep(0.5)
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

@@ -93,7 +93,29 @@ def test_every_process_must_see_the_run_folder_rank_0_created(tmp_path):
         assert seen["shared"] is None
         assert seen["per node"].startswith("1 of 2 processes do not see the run folder ")
         assert "a file system every node shares" in seen["per node"]
+        assert seen["uncreatable"].startswith(f"rank 0 could not create the run folder "
+                                              f"{tmp_path / 'base' / 'a-file' / 'run'}")
+        assert seen["uncreatable"].endswith("check output_dir and its permissions")
+        assert ("Not a directory" in seen["uncreatable"]) is (rank == 0)  # rank 0 says why
         assert seen["marks_left"] == []
+
+
+def test_a_mark_that_shows_up_late_is_still_seen(tmp_path):
+    """Another node's NFS client may report rank 0's fresh file as absent for a few seconds
+    (cached absence): the reader looks again before it calls the folder unshared."""
+    import threading
+    import time
+
+    from reasoner.device import read_mark
+
+    mark = tmp_path / ".same-folder-check"
+    late = threading.Timer(0.8, lambda: mark.write_text("1234"))
+    late.start()
+    started = time.monotonic()
+    assert read_mark(mark, 1234, patience_s=10.0)
+    assert 0.8 <= time.monotonic() - started < 5.0
+    late.join()
+    assert not read_mark(mark, 999, patience_s=0.6)  # a stale number: still not the same folder
 
 
 @pytest.mark.parametrize("argv, code, left", [(["--version"], 0, True),
