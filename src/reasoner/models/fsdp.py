@@ -101,6 +101,7 @@ class VocabSplit:
 
     layout: str = "auto"  # auto | vocab-parallel | fsdp
     tokens: int = 4096
+    chosen: bool = False  # `layout` is what auto chose for the policy, not what the user asked
 
 
 def vocab_traffic_bytes(layout: str, processes: int, tokens: int, hidden: int, vocab: int,
@@ -128,8 +129,8 @@ def vocab_layout(split: VocabSplit | None, processes: int, hidden: int, vocab: i
     weights stay vocab-parallel: as FSDP2 units the embedding and lm-head would be one unit
     (the root's), gathered from the start of forward to the end of backward."""
     split = split or VocabSplit()
-    if tied:
-        if split.layout == "fsdp":
+    if tied:  # also where auto chose fsdp for an untied policy: a tied reference stays
+        if split.layout == "fsdp" and not split.chosen:
             raise ConfigError("run.vocab_layout=fsdp needs untied embeddings (this model ties "
                               "its lm-head to its input embedding): use auto or vocab-parallel")
         return "vocab-parallel"

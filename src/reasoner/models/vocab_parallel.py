@@ -94,7 +94,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: Tensor) -> Tensor:
         local = self.weight.to_local()  # differentiable: its gradient becomes the DTensor's
         start, _ = row_range(self.weight.shape[0])
-        out = _Embed.apply(input_ids.reshape(-1), local, start, self.padding_idx)
+        out = _Embed.apply(input_ids.reshape(-1), local, start, self.padding_idx, (self.weight,))
         return out.view(*input_ids.shape, local.shape[1])
 
 
@@ -139,7 +139,8 @@ def _from(owner: int, mine: Tensor, shape: tuple[int, ...], dtype, device) -> Te
 
 class _Embed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids: Tensor, local: Tensor, start: int, padding_idx: int | None) -> Tensor:
+    def forward(ctx, ids: Tensor, local: Tensor, start: int, padding_idx: int | None,
+                param: tuple) -> Tensor:
         me, sizes = dist.get_rank(), _sizes(ids.numel(), ids.device)
         all_ids, out = [], None
         for owner, n in enumerate(sizes):
@@ -152,20 +153,20 @@ class _Embed(torch.autograd.Function):
                 out = part
             all_ids.append(ids_r)
         ctx.save_for_backward(*all_ids)
-        ctx.start, ctx.padding_idx, ctx.shape = start, padding_idx, local.shape
+        ctx.start, ctx.padding_idx, ctx.shape, ctx.param = start, padding_idx, local.shape, param[0]
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        grad = grad_out.new_zeros(ctx.shape)
+        grad = _accumulator(ctx.param)
         for owner, ids_r in enumerate(ctx.saved_tensors):
             g = _from(owner, grad_out, (ids_r.numel(), ctx.shape[1]), grad_out.dtype,
                       grad_out.device)
             rel, hit = _mine(ids_r, ctx.start, ctx.shape[0])
             if ctx.padding_idx is not None:  # as nn.Embedding: no gradient for the pad row
                 hit &= ids_r != ctx.padding_idx
-            grad.index_add_(0, rel[hit], g[hit])
-        return None, grad, None, None
+            grad.index_add_(0, rel[hit], g[hit].to(grad.dtype))
+        return None, None, None, None, None  # added into the parameter's gradient itself
 
 
 class _Logprobs(torch.autograd.Function):
@@ -173,7 +174,7 @@ class _Logprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, local: Tensor, targets: Tensor, start: int,
-                chunk_size: int) -> Tensor:
+                chunk_size: int, param: tuple) -> Tensor:
         acc = torch.promote_types(hidden.dtype, torch.float32)
         compute = lm_head.compute_dtype(hidden)
         me, sizes = dist.get_rank(), _sizes(hidden.shape[0], hidden.device)
@@ -204,6 +205,7 @@ class _Logprobs(torch.autograd.Function):
             all_lse.append(lse)
         ctx.save_for_backward(hidden, local, *all_targets, *all_lse)
         ctx.start, ctx.chunk_size, ctx.sizes, ctx.compute = start, chunk_size, sizes, compute
+        ctx.param = param[0]
         return out
 
     @staticmethod
@@ -212,11 +214,11 @@ class _Logprobs(torch.autograd.Function):
         world = len(ctx.sizes)
         acc = torch.promote_types(hidden.dtype, torch.float32)
         w, wc = local.to(acc), local.to(ctx.compute)
-        grad_w = torch.zeros_like(w)
+        grad_w = _accumulator(ctx.param) if ctx.needs_input_grad[1] else torch.zeros_like(w)
         with torch.autocast(hidden.device.type, enabled=False):
             grad_h = _backward_passes(ctx, hidden, grad_out, w, wc, grad_w, rest[:world],
                                       rest[world:])
-        return grad_h, grad_w.to(local.dtype), None, None, None
+        return grad_h, None, None, None, None, None  # the rows' gradient: added in place
 
 
 def _backward_passes(ctx, hidden: Tensor, grad_out: Tensor, w: Tensor, wc: Tensor,
@@ -238,7 +240,7 @@ def _backward_passes(ctx, hidden: Tensor, grad_out: Tensor, w: Tensor, wc: Tenso
             rel, hit = _mine(all_targets[owner][s:s + c], ctx.start, w.shape[0])
             dlogits[hit.nonzero()[:, 0], rel[hit]] += g[hit, 0]
             gh[s:s + c] = dlogits @ w
-            grad_w += dlogits.T @ h.to(acc)
+            grad_w += (dlogits.T @ h.to(acc)).to(grad_w.dtype)
         dist.reduce(gh, dst=owner)
         if owner == me:
             grad_h = gh.to(hidden.dtype)
@@ -249,4 +251,18 @@ def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: 
     """`logprobs.token_logprobs` for a vocab-parallel `weight` (a Shard(0) DTensor). Every
     process must call it, even with no tokens of its own."""
     start, _ = row_range(weight.shape[0])
-    return _Logprobs.apply(hidden, weight.to_local(), targets, start, chunk_size)
+    return _Logprobs.apply(hidden, weight.to_local(), targets, start, chunk_size, (weight,))
+
+
+def _accumulator(param: Tensor) -> Tensor:
+    """This process's rows of `param`'s gradient (zeros when it has none yet), for backward to
+    add into in place. Returned to autograd instead, the rows' gradient would exist twice while
+    it accumulates over a step's micro-batches (the sum and the new term)."""
+    from torch.distributed.tensor import DTensor
+
+    if param.grad is None:
+        local = param.to_local()
+        param.grad = DTensor.from_local(torch.zeros_like(local), param.device_mesh,
+                                        param.placements, run_check=False, shape=param.shape,
+                                        stride=param.stride())
+    return param.grad.to_local()

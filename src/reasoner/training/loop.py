@@ -49,11 +49,11 @@ def vocab_split(cfg: TrainerConfig, env: Env, extra: int = 0) -> VocabSplit:
     """How the embedding and lm-head split over the processes: run.vocab_layout, or for `auto`
     what `reasoner plan` picks for this model on these devices (`memory.choose_vocab_layout`;
     `extra`: bytes per parameter of models beside the policy), rank 0's choice for every rank."""
-    from reasoner.errors import ConfigError
     from reasoner.pipeline import memory
 
     device, dist, dtype = env
-    layout, layouts = cfg.run.vocab_layout, ("auto", "vocab-parallel", "fsdp")
+    asked = layout = cfg.run.vocab_layout
+    layouts = ("auto", "vocab-parallel", "fsdp")
     if layout == "auto" and dist.world_size > 1 and dist.is_main:
         try:  # without a config.json to read here, the traffic alone decides (`auto`)
             shape = memory.shape_of(str(cfg.model.name_or_path))
@@ -62,13 +62,13 @@ def vocab_split(cfg: TrainerConfig, env: Env, extra: int = 0) -> VocabSplit:
                                                 found[2] if found else None,
                                                 torch.tensor([], dtype=dtype).element_size(),
                                                 extra)
-        except ConfigError:
-            pass
+        except Exception:  # noqa: BLE001  (rank 0 must reach the vote below, whatever failed)
+            layout = "auto"
     if dist.world_size > 1:
         mine = [float(layouts.index(layout)) if dist.is_main else 0.0]
         layout = layouts[int(dev.all_reduce(mine, dist, device)[0])]
     width = cfg.seq_len if cfg.packing else cfg.max_tokens
-    return VocabSplit(layout, cfg.run.micro_batch * width)
+    return VocabSplit(layout, cfg.run.micro_batch * width, chosen=asked == "auto")
 
 
 Env = tuple[torch.device, DistInfo, torch.dtype]  # device, process group, compute dtype

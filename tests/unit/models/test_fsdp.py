@@ -79,6 +79,9 @@ def test_vocab_traffic_grows_with_processes_only_when_vocab_parallel():
     assert vocab_layout(VocabSplit("auto", 32768), 64, 5120, 152064, tied=True) == "vocab-parallel"
     with pytest.raises(ConfigError, match="needs untied embeddings"):
         vocab_layout(VocabSplit("fsdp", 32768), 64, 896, 151936, tied=True)
+    # fsdp chosen by auto for an untied policy; a tied reference model beside it stays split
+    assert vocab_layout(VocabSplit("fsdp", 32768, chosen=True), 64, 896, 151936,
+                        tied=True) == "vocab-parallel"
 
 
 @pytest.mark.slow
