@@ -152,8 +152,12 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
         # of them when the lm-head is an FSDP2 unit of its own)
         "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * rows,
     }
-    if sharded and vocab_layout == "fsdp":  # the lm-head gathered, its fp32 copy and gradient
-        out["gathered lm-head"] = s.vocab * s.hidden * (dtype_bytes + 8)
+    if sharded and vocab_layout == "fsdp":
+        # backward of the gathered lm-head (`logprobs._ChunkedLogprobs`): the weight and its
+        # gradient in the compute dtype, and below fp32 also an fp32 copy and fp32 gradient sum
+        # (bf16: 2 + 4 + 4 + 2 bytes per element; fp32: 4 + 4)
+        out["gathered lm-head"] = s.vocab * s.hidden * (2 * dtype_bytes
+                                                        + (8 if dtype_bytes < 4 else 0))
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
     if checkpointing:
         out["activations"] = s.layers * tokens * s.hidden * dtype_bytes + 2 * per_layer
