@@ -77,7 +77,7 @@ def test_the_plan_chooses_the_vocab_layout_moving_fewer_bytes_among_those_that_f
     micro-batch per device (268.5 GB for train-offline's 51K rows), as FSDP2 units of their own
     12.3 GB, whatever the number of processes. On 80 GiB devices the plan (and a run's `auto`)
     takes the FSDP2 units; on 64 GiB NPUs SFT fits only vocab-parallel (the gathered lm-head and
-    whole-vocabulary logits chunks cost 14 GiB), so it keeps that."""
+    whole-vocabulary logits chunks cost 15.6 GiB more), so it keeps that."""
     roomy = {p.name: p for p in plan.plan_recipe(PCL, 64, 80.0, "gpu")}
     assert roomy["sft"].fits
     assert roomy["sft"].vocab == "vocab fsdp: 12.3 GB / micro-batch (vocab-parallel 171.8 GB)"
