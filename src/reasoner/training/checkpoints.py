@@ -6,9 +6,10 @@ scheduler, step, RNG and whatever the stage adds). It is written under a tempora
 renamed when complete, so an interrupted save never becomes the newest checkpoint.
 
 With several processes nothing is gathered whole: the weights are gathered one tensor at a
-time and written by rank 0 in safetensors files of at most SHARD_BYTES (with an index), and
-the optimiser state is written by every process for its own shards (torch.distributed
-.checkpoint, `optimizer/`), which also lets a run resume on another number of processes.
+time and written by rank 0 straight into safetensors files of at most SHARD_BYTES (with an
+index), and the optimiser state is written by every process for its own shards (torch
+.distributed.checkpoint, `optimizer/`), which also lets a run resume on another number of
+processes.
 Auxiliary models a stage trains or moves (OREAL's token RM and its optimiser, a moving
 reference) go the same way, with any number of processes: `aux/`, every process its own
 shards, never gathered whole.
@@ -193,39 +194,80 @@ def _finish_checkpoint(tmp: Path, final: Path, out_dir: Path, optimizer_state: A
 def stream_weights(folder: Path, policy: nn.Module, dist: DistInfo,
                    shard_bytes: int | None = None) -> None:
     """Write the HF weights of a sharded `policy` as safetensors, gathering one parameter at a
-    time (a collective: every process calls it; rank 0 writes files of at most `shard_bytes`
-    as it goes, so it never holds more than one). Each tied weight once."""
-    from safetensors.torch import save_file
-
+    time (a collective: every process calls it). The files (at most `shard_bytes` each, with
+    an index) are laid out from the parameters' shapes first, so rank 0 writes each tensor
+    into its place as soon as it is gathered and never holds more than one: holding a file's
+    worth before writing it cost rank 0 a whole 2 GiB file (all of a 0.5B model) on top of its
+    shards. Each tied weight once."""
     limit = shard_bytes or SHARD_BYTES
-    current: dict[str, torch.Tensor] = {}
-    names: dict[str, str] = {}
-    index = size = total = 0
-
-    def write(i: int) -> None:
-        file = f"model-{i + 1:05d}.safetensors"
-        save_file(current, str(folder / file), metadata={"format": "pt"})
-        names.update(dict.fromkeys(current, file))
-
+    files: list[list[tuple[str, nn.Parameter]]] = [[]]
+    size = 0
     for name, p in policy.named_parameters():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        if not dist.is_main:
-            continue
-        t = full.detach().to("cpu").contiguous()
-        nbytes = t.numel() * t.element_size()
-        if current and size + nbytes > limit:
-            write(index)
-            index, current, size = index + 1, {}, 0
-        current[name.removeprefix("model.")] = t
-        size, total = size + nbytes, total + nbytes
-    if not dist.is_main:
-        return
-    if index == 0:
-        save_file(current, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        return
-    write(index)
-    (folder / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": names}, indent=2))
+        nbytes = p.numel() * p.element_size()  # a DTensor's numel is the whole tensor's
+        if files[-1] and size + nbytes > limit:
+            files.append([])
+            size = 0
+        files[-1].append((name.removeprefix("model."), p))
+        size += nbytes
+    names = ["model.safetensors"] if len(files) == 1 else [
+        f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    for file, params in zip(names, files, strict=True):
+        writer = _SafetensorsWriter(folder / file, params) if dist.is_main else None
+        for _, p in params:
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            if writer is not None:
+                writer.write(full.detach())
+        if writer is not None:
+            writer.close()
+    if dist.is_main and len(files) > 1:
+        total = sum(p.numel() * p.element_size() for group in files for _, p in group)
+        weight_map = {key: file for file, group in zip(names, files, strict=True)
+                      for key, _ in group}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+                       torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+                       torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                       torch.bool: "BOOL"}
+
+
+class _SafetensorsWriter:
+    """A safetensors file written tensor by tensor, in the order of `params` (name, tensor
+    whose shape and dtype are known up front): the header first (8-byte little-endian length,
+    JSON padded to 8 bytes), then each tensor's bytes as it arrives. `safetensors` itself can
+    only serialize tensors it holds all at once."""
+
+    def __init__(self, path: Path, params: list[tuple[str, torch.Tensor]]):
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        self._expected = []
+        for key, p in params:
+            nbytes = p.numel() * p.element_size()
+            header[key] = {"dtype": _SAFETENSORS_DTYPES[p.dtype], "shape": list(p.shape),
+                           "data_offsets": [offset, offset + nbytes]}
+            self._expected.append((key, tuple(p.shape), p.dtype))
+            offset += nbytes
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        self._fh = open(path, "wb")  # noqa: SIM115  (closed by close())
+        self._fh.write(len(text).to_bytes(8, "little") + text)
+        self._next = 0
+
+    def write(self, t: torch.Tensor) -> None:
+        key, shape, dtype = self._expected[self._next]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"{key}: got {tuple(t.shape)} {t.dtype}, the header says "
+                             f"{shape} {dtype}")
+        flat = t.to("cpu").contiguous().reshape(-1)
+        self._fh.write(flat.view(torch.uint8).numpy().data)  # no copy of the tensor's bytes
+        self._next += 1
+
+    def close(self) -> None:
+        if self._next != len(self._expected):
+            raise ValueError(f"{len(self._expected) - self._next} tensors were never written")
+        self._fh.close()
 
 
 def _untied(hf_model: nn.Module, wrapped_sd: dict) -> dict:
