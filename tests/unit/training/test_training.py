@@ -137,3 +137,33 @@ def test_gradients_stay_sharded_between_micro_batches(tmp_path):
     result = json.loads(out.read_text())
     assert result["sharded_params"] > 0
     assert result["grads_sharded_after_each"] == [True, True, True]
+
+
+def test_adamw_steps_in_place_where_torch_has_a_fused_kernel():
+    """On CPU and CUDA the optimiser is torch's fused AdamW: the per-tensor loop allocates a
+    temporary the size of each parameter (shard) in its step; measured by
+    scripts/bench_memory.py, the 1-process peak of the 0.5B model's step fell from 9.56 to
+    8.51 GiB. Elsewhere (Ascend) torch has no fused kernel and the default stays. The update is
+    AdamW's all the same, and so are the two groups (matrices decay, the rest does not)."""
+    from reasoner.config import OptimConfig
+    from reasoner.training.schedule import build_optimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.LayerNorm(4))
+    reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    cfg = OptimConfig(lr=0.1, weight_decay=0.1)
+    opt = build_optimizer(model, cfg)
+    assert opt.defaults["fused"] is True
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    plain = torch.optim.AdamW([{"params": [reference[0]], "weight_decay": 0.1},
+                               {"params": reference[1:], "weight_decay": 0.0}],
+                              lr=0.1, betas=cfg.betas, eps=cfg.eps, foreach=False)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        for p, q in zip(model.parameters(), reference, strict=True):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        opt.step()
+        plain.step()
+    for p, q in zip(model.parameters(), reference, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
