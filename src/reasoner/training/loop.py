@@ -231,13 +231,13 @@ def start(cfg: TrainerConfig, stage: str, env: Env, tokenizer: Any,
         model.gradient_checkpointing_enable()
     model.train()
     policy.train()
-    optimizer = schedule.build_optimizer(policy, cfg.optim)
+    scaler = make_scaler(cfg.optim, device, dtype, dist)
+    optimizer = schedule.build_optimizer(policy, cfg.optim, fused=scaler is None)  # see there
     scheduler = schedule.build_scheduler(optimizer, total, cfg.optim)
     config = dump(cfg)
     log = MetricsLog(Path(cfg.output_dir) / "metrics.jsonl", cfg.run.tracking, config, dist.is_main,
                      cfg.run.project, cfg.run.run_name)
     saved: dict = {}
-    scaler = make_scaler(cfg.optim, device, dtype, dist)
     if ckpt is not None:
         saved = checkpoints.load_checkpoint_state(ckpt, policy, optimizer, scheduler)
         if scaler is not None and saved.get("loss_scaler"):

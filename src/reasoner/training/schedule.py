@@ -15,13 +15,18 @@ from torch import nn
 from reasoner.config import OptimConfig, RunConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW; matrices decay, norms and biases do not (the usual split)."""
+def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool = True
+                    ) -> torch.optim.AdamW:
+    """AdamW; matrices decay, norms and biases do not (the usual split). Fused (one in-place
+    kernel, no parameter-sized temporaries) where torch has the kernel (CPU, CUDA) unless
+    `fused` is False: the trainers say so with a loss scaler (fp16), since fused AdamW
+    subtracts the sharded scaler's found-inf flag, shape (1,), from its 0-d step counts and
+    fails."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": other, "weight_decay": 0.0}]
-    fused = all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
+    fused = fused and all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused)
 
 
