@@ -232,7 +232,7 @@ def start(cfg: TrainerConfig, stage: str, env: Env, tokenizer: Any,
     model.train()
     policy.train()
     scaler = make_scaler(cfg.optim, device, dtype, dist)
-    optimizer = schedule.build_optimizer(policy, cfg.optim, fused=scaler is None)  # see there
+    optimizer = schedule.build_optimizer(policy, cfg.optim, device.type == "cuda" and not scaler)
     scheduler = schedule.build_scheduler(optimizer, total, cfg.optim)
     config = dump(cfg)
     log = MetricsLog(Path(cfg.output_dir) / "metrics.jsonl", cfg.run.tracking, config, dist.is_main,

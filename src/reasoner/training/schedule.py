@@ -15,19 +15,22 @@ from torch import nn
 from reasoner.config import OptimConfig, RunConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool = True
+def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool = False
                     ) -> torch.optim.AdamW:
-    """AdamW; matrices decay, norms and biases do not (the usual split). Fused (one in-place
-    kernel, no parameter-sized temporaries) where torch has the kernel (CPU, CUDA) unless
-    `fused` is False: the trainers say so with a loss scaler (fp16), since fused AdamW
-    subtracts the sharded scaler's found-inf flag, shape (1,), from its 0-d step counts and
-    fails."""
+    """AdamW; matrices decay, norms and biases do not (the usual split).
+
+    `fused`: torch's one in-place kernel, no parameter-sized temporaries (the default foreach
+    update on a GPU holds a second copy of every shard during the step). The trainers ask for it
+    on CUDA without a loss scaler: fused AdamW subtracts the sharded scaler's found-inf flag,
+    shape (1,), from its 0-d step counts and fails. CPU keeps the per-tensor loop: the fused
+    kernel rounds differently, and 1,130 steps of the quickstart's SFT carried that from 1e-7 at
+    step 3 to another model (final loss 0.053 vs 0.029, pass@1 48.6% vs 60.6%, seed 0)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": other, "weight_decay": 0.0}]
-    fused = fused and all(p.device.type in ("cpu", "cuda") for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                             fused=fused or None)
 
 
 def lr_at(step: int, total_steps: int, cfg: OptimConfig) -> float:
