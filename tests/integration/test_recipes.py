@@ -43,6 +43,9 @@ def test_every_shipped_recipe_can_start_or_names_what_another_run_makes(tmp_path
     for recipe in sorted((REPO / "configs").rglob("recipe*.yaml")):
         out = reasoner("run", recipe, f"run_dir={tmp_path / recipe.stem}", "--dry-run")
         if recipe.name == "recipe_vllm.yaml" or recipe.parent.name == "smollm2_cpu":
+            if out.returncode == 0:  # this checkout has made them (its quickstart, its import)
+                assert (Path.cwd() / "runs").is_dir(), (recipe, out.stderr)
+                continue
             missing = [line for line in out.stderr.splitlines() if line.startswith("  ")]
             assert out.returncode == 2 and missing, (recipe, out.stderr)
             assert all("=runs/" in line for line in missing), (recipe, missing)
