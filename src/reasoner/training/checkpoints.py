@@ -22,7 +22,7 @@ import random
 import shutil
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -201,26 +201,23 @@ def stream_weights(folder: Path, policy: nn.Module, dist: DistInfo,
     shards. Each tied weight once."""
     limit = shard_bytes or SHARD_BYTES
     files: list[list[tuple[str, nn.Parameter]]] = [[]]
-    size = 0
+    size = total = 0
     for name, p in policy.named_parameters():
         nbytes = p.numel() * p.element_size()  # a DTensor's numel is the whole tensor's
         if files[-1] and size + nbytes > limit:
             files.append([])
             size = 0
         files[-1].append((name.removeprefix("model."), p))
-        size += nbytes
+        size, total = size + nbytes, total + nbytes
     names = ["model.safetensors"] if len(files) == 1 else [
         f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
     for file, params in zip(names, files, strict=True):
-        writer = _SafetensorsWriter(folder / file, params) if dist.is_main else None
-        for _, p in params:
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            if writer is not None:
-                writer.write(full.detach())
-        if writer is not None:
-            writer.close()
+        with _SafetensorsWriter(folder / file, params) if dist.is_main else nullcontext() as out:
+            for _, p in params:
+                full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                if out is not None:
+                    out.write(full.detach())
     if dist.is_main and len(files) > 1:
-        total = sum(p.numel() * p.element_size() for group in files for _, p in group)
         weight_map = {key: file for file, group in zip(names, files, strict=True)
                       for key, _ in group}
         (folder / "model.safetensors.index.json").write_text(json.dumps(
@@ -251,9 +248,12 @@ class _SafetensorsWriter:
             offset += nbytes
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)
-        self._fh = open(path, "wb")  # noqa: SIM115  (closed by close())
+        self._fh = open(path, "wb")  # noqa: SIM115  (closed on leaving the `with`)
         self._fh.write(len(text).to_bytes(8, "little") + text)
         self._next = 0
+
+    def __enter__(self) -> _SafetensorsWriter:
+        return self
 
     def write(self, t: torch.Tensor) -> None:
         key, shape, dtype = self._expected[self._next]
@@ -264,10 +264,10 @@ class _SafetensorsWriter:
         self._fh.write(flat.view(torch.uint8).numpy().data)  # no copy of the tensor's bytes
         self._next += 1
 
-    def close(self) -> None:
-        if self._next != len(self._expected):
-            raise ValueError(f"{len(self._expected) - self._next} tensors were never written")
+    def __exit__(self, exc_type, *exc) -> None:
         self._fh.close()
+        if exc_type is None and self._next != len(self._expected):
+            raise ValueError(f"{len(self._expected) - self._next} tensors were never written")
 
 
 def _untied(hf_model: nn.Module, wrapped_sd: dict) -> dict:
