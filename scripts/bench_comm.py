@@ -1,6 +1,6 @@
 """Bytes each process receives per micro-batch for the embedding and lm-head, at 2 and 4
 processes (gloo), in both layouts of `run.vocab_layout`, beside what `reasoner plan` predicts
-(`models.fsdp.vocab_traffic_bytes`).
+(`models.vocab_layout.vocab_traffic_bytes`).
 
 An untied Qwen2 (vocab 8192, hidden 256, the layout of Qwen2.5-32B) is sharded as the trainers
 shard it, bf16 with the mixed-precision policy; each process scores 512 tokens, forward and
@@ -50,7 +50,8 @@ def worker(layout: str, out: str) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from reasoner import device as dev
-    from reasoner.models.fsdp import VocabSplit, shard_modules
+    from reasoner.models.fsdp import shard_modules
+    from reasoner.models.vocab_layout import VocabSplit
     from reasoner.models.logprobs import PolicyLogprobs
 
     counted = {"vocab": 0.0, "other": 0.0}
@@ -118,7 +119,7 @@ def measure(world: int, layout: str, folder: Path) -> dict:
 
 
 def main() -> None:
-    from reasoner.models.fsdp import vocab_traffic_bytes
+    from reasoner.models.vocab_layout import vocab_traffic_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", nargs=2, metavar=("LAYOUT", "OUT"), help=argparse.SUPPRESS)

@@ -196,12 +196,13 @@ def main() -> None:
     runs = {n: measure(n, model, data, a.out, a.overrides, a.trace, malloc) for n in (1, 2)}
     one = [r["peak_gib"] for r in runs[1]]
     two = [r["peak_gib"] for r in runs[2]]
-    from reasoner.pipeline import memory as plan
+    from reasoner.models.footprint import host_peak_gib
+    from reasoner.models.shapes import count_parameters
 
-    predicted = {n: plan.host_peak_gib(model, n, seq_len=256, micro_batch=1,
+    predicted = {n: host_peak_gib(model, n, seq_len=256, micro_batch=1,
                                        gradient_checkpointing=True) for n in (1, 2)}
     result = {
-        "model": str(model), "parameters": plan.count_parameters(model),
+        "model": str(model), "parameters": count_parameters(model),
         "peak_gib_1_process": one, "peak_gib_2_processes": two,
         "ratio_2_vs_1": max(two) / one[0],
         "micro_batches_per_step": {"1": GLOBAL_BATCH, "2": GLOBAL_BATCH // 2},

@@ -105,9 +105,8 @@ def verified_dir(tmp_path_factory, synth_dir, tiny_model_dir):
     samples = infer.run(InferConfig.model_validate({
         "model": {"name_or_path": str(tiny_model_dir)},
         "data": {"path": str(synth_dir / "test_problems"), "limit": 6},
-        "output_dir": str(root / "samples"), "backend": "hf",
-        "sampling": {"n": 4, "max_tokens": 12, "temperature": 1.0, "logprobs": True}}),
-        progress=False)
+        "output_dir": str(root / "samples"), "backend": "hf", "progress": False,
+        "sampling": {"n": 4, "max_tokens": 12, "temperature": 1.0, "logprobs": True}}))
     rows = []
     for s in shards.iter_rows(samples, Sample):
         reward = 1.0 if (s["sample_idx"] + len(s["id"])) % 3 == 0 else -1.0

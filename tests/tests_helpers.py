@@ -79,3 +79,8 @@ def leave_process_group() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def quiet(cfg):
+    """A stage config with its progress bars off (the stages that generate or verify)."""
+    return cfg.model_copy(update={"progress": False})

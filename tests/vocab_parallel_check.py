@@ -19,8 +19,9 @@ import torch.distributed as dist
 from tests_helpers import leave_process_group
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from reasoner.models.fsdp import VocabSplit, shard_modules
+from reasoner.models.fsdp import shard_modules
 from reasoner.models.logprobs import PolicyLogprobs
+from reasoner.models.vocab_layout import VocabSplit
 
 VOCAB, PAD = 101, 0  # odd: the two processes hold 51 and 50 rows
 

@@ -83,6 +83,15 @@ class DistInfo:
         return self.rank == 0
 
 
+@dataclass(frozen=True)
+class Env:
+    """Where a training run computes: its device, its process group and its compute dtype."""
+
+    device: torch.device
+    dist: DistInfo
+    dtype: torch.dtype
+
+
 def init_distributed(device: torch.device, timeout_min: float = 60.0) -> DistInfo:
     """Join the process group torchrun set up (nccl / hccl / gloo); a no-op for one process.
 

@@ -1,4 +1,4 @@
-"""Row types of every shard (DESIGN section 3). Every row carries `schema_version`."""
+"""Row types of every shard (docs/design.md, "Shard folders"). Every row carries `schema_version`."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
 from reasoner.models.attention import plan_attention
+from reasoner.models.vocab_layout import vocab_split
 from reasoner.records import SFTExample
 from reasoner.runlog import check_sinks, progress_bar
 from reasoner.training import schedule
@@ -125,22 +126,19 @@ def tokenize(cfg: SFTConfig, tokenizer: Any, dist: dev.DistInfo | None = None,
 
 
 def plan_rows(data: Tokenized, cfg: SFTConfig) -> list[list[int]]:
-    """Training rows: packed bins of examples, or one example per row (padded mode)."""
+    """Training rows: packed bins of examples, or one example per row (padded mode; each
+    process's micro-batches are length-grouped by `micro_batches`)."""
     if cfg.packing:
         return packing.pack(data.lengths, cfg.seq_len)
-    # Padded mode: rows sorted by length so that micro-batches cut from the (shuffled) global
-    # batch are length-grouped inside `collate` below.
     return [[i] for i in range(len(data.ids))]
 
 
 def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
             varlen: bool) -> packing.Batch:
-    """A micro-batch's rows as tensors: packed (one flat row for a varlen kernel) or padded."""
-    if cfg.packing:
-        samples = [[(data.ids[i], data.loss_mask(i)) for i in row] for row in rows]
-        width = max(sum(data.length(i) for i in row) for row in rows) if varlen else cfg.seq_len
-        return packing.collate_packed(samples, width, pad_id, flat=varlen)
-    return packing.collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad_id)
+    """A micro-batch's rows as tensors: packed rows seq_len wide (one flat row, as wide as its
+    samples, for a varlen kernel) or padded."""
+    return packing.collate(data, rows, cfg.packing, None if varlen else cfg.seq_len, pad_id,
+                           varlen)
 
 
 def micro_batches(rows: list[int], cfg: SFTConfig, dist: dev.DistInfo,
@@ -172,8 +170,8 @@ def run(cfg: SFTConfig) -> Path:
         return out / "final"
     models.check_model(cfg.model.name_or_path)
     check_sinks(cfg.run.tracking)
-    env = device, dist, dtype = training.setup(cfg.model, cfg.run.seed,
-                                               cfg.run.dist_timeout_min, out)
+    env = training.setup(cfg.model, cfg.run, out)
+    device, dist, dtype = env.device, env.dist, env.dtype
     attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing)
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
@@ -182,34 +180,35 @@ def run(cfg: SFTConfig) -> Path:
     ckpt = training.resume_point(out, cfg.run)
     loaded = training.load_policy(cfg.model, ckpt or cfg.model.name_or_path, env,
                                   cfg.run.logprob_chunk, attn=attn.implementation,
-                                  vocab=training.vocab_split(cfg, env))
-    trainer = training.start(cfg, "sft", env, tokenizer, loaded,
-                             schedule.total_steps(len(rows), cfg.run), ckpt,
-                             {"model": cfg.model.name_or_path, "data": cfg.data.path})
+                                  vocab=vocab_split(cfg, env))
+    state = training.start(cfg, "sft", env, tokenizer, loaded,
+                           schedule.total_steps(len(rows), cfg.run), ckpt,
+                           {"model": cfg.model.name_or_path, "data": cfg.data.path})
     pad = tokenizer.pad_token_id
     per_epoch = schedule.steps_per_epoch(len(rows), cfg.run.global_batch)
     last: dict[str, float] = {}
-    with training.progress(trainer, "sft"):
-        for step in range(trainer.start, trainer.total):
-            step_rows = schedule.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed, step)
+    with training.progress(state, "sft"):
+        for step in range(state.first_step, state.total_steps):
+            step_rows = schedule.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed,
+                                                   step)
             denom = sum(data.targets(i) for r in step_rows for i in rows[r])
             mbs = micro_batches(step_rows, cfg, dist, lengths)
             m = training.accumulate(
-                trainer, mbs, lambda mb, scale, denom=denom: step_loss(
-                    trainer.policy, collate(data, [rows[r] for r in mb], cfg, pad, attn.varlen),
+                state, mbs, lambda mb, scale, denom=denom: step_loss(
+                    state.policy, collate(data, [rows[r] for r in mb], cfg, pad, attn.varlen),
                     denom, scale, device, dtype),
                 dummy=step_rows[:1])
             loss = m["nll"] / denom
-            last = {"loss": loss, **training.optimizer_step(trainer, loss, step)}
-            trainer.tokens += m["real"]
-            last = training.end_step(trainer, step, {
+            last = {"loss": loss, **training.optimizer_step(state, loss, step)}
+            state.tokens += m["real"]
+            speed = state.tokens / max(state.timer.elapsed(), 1e-9)
+            last = training.end_step(state, step, {
                 **last, "packing_efficiency": m["real"] / m["slots"],
                 "epoch": (step + 1) / per_epoch, "response_tokens": denom},
-                info=f"loss {loss:.4f}  {trainer.tokens / max(trainer.timer.elapsed(), 1e-9):,.0f} tok/s")
-    return training.finish(trainer, {
+                info=f"loss {loss:.4f}  {speed:,.0f} tok/s")
+    return training.finish(state, {
         "examples": len(data.ids), "dropped_over_max_tokens": data.dropped, "rows": len(rows),
-        "packing_efficiency": packing.efficiency(
-            data.lengths, rows, cfg.seq_len)
+        "packing_efficiency": packing.efficiency(data.lengths, rows, cfg.seq_len)
         if cfg.packing else None,
-        "tokens_this_run": int(trainer.tokens), "final_loss": last.get("loss"),
+        "tokens_this_run": int(state.tokens), "final_loss": last.get("loss"),
         "token_cache_hit": data.cache_hit})

@@ -1,4 +1,4 @@
-"""Shard folders: `part-00000.jsonl` ... written line by line, plus `manifest.json` (DESIGN section 3).
+"""Shard folders: `part-00000.jsonl` ... written line by line, plus `manifest.json` (docs/design.md, "Shard folders").
 
 A part is written by one worker and flushed after every row, so a crash loses at most the row
 being written. A resumed writer truncates a torn last line and the caller skips keys already

@@ -59,7 +59,7 @@ def test_user_errors_are_one_paragraph_and_bugs_keep_their_traceback(tmp_path):
     out = reasoner("model", "tiny", str(REPO / "configs/quickstart/tiny_model.yaml"),
                    f"output_dir={tmp_path}/m", f"corpus=[{data}]")
     assert out.returncode == 2 and "holds no text" in out.stderr and "Traceback" not in out.stderr
-    crash = ("import sys, reasoner.models as m\n"
+    crash = ("import sys, reasoner.models.tiny as m\n"
              "def boom(cfg): raise RuntimeError('CUDA out of memory (simulated)')\n"
              "m.build_tiny = boom\n"
              "from reasoner.cli import app\n"

@@ -3,6 +3,7 @@ each holding an hf engine. The shards must hold what the single-process path wri
 same seeds."""
 
 import pytest
+from tests_helpers import quiet
 
 from reasoner import infer, shards, verify
 from reasoner.config import InferConfig, VerifyConfig
@@ -40,9 +41,8 @@ def test_infer_and_judge_on_ray_write_the_single_process_shards(local_ray, tmp_p
     import ray
 
     ray_cfg = {"workers": 2, "chunk": 6}
-    alone = infer.run(infer_cfg(synth_dir, tiny_model_dir, tmp_path / "alone"), progress=False)
-    on_ray = infer.run(infer_cfg(synth_dir, tiny_model_dir, tmp_path / "ray", ray=ray_cfg),
-                       progress=False)
+    alone = infer.run(quiet(infer_cfg(synth_dir, tiny_model_dir, tmp_path / "alone")))
+    on_ray = infer.run(quiet(infer_cfg(synth_dir, tiny_model_dir, tmp_path / "ray", ray=ray_cfg)))
     a, b = by_key(alone), by_key(on_ray)
     assert a.keys() == b.keys() and len(a) == 40 and shards.is_complete(on_ray)
     for key, row in a.items():
@@ -58,6 +58,6 @@ def test_infer_and_judge_on_ray_write_the_single_process_shards(local_ray, tmp_p
             "judge": {"model": {"name_or_path": str(tiny_model_dir)}, "backend": "hf",
                       "prompt_file": PROMPT, "max_tokens": 6, "retries": 1, **judge},
             "filters": {"drop_zero_variance": False}})
-        return by_key(verify.run(cfg, progress=False) / verify.VERDICTS)
+        return by_key(verify.run(quiet(cfg)) / verify.VERDICTS)
 
     assert judged(tmp_path / "j-ray", ray=ray_cfg) == judged(tmp_path / "j-alone")

@@ -83,7 +83,7 @@ def test_the_pcl_pool_derives_answers_from_the_reference_solution(tmp_path, caps
 
 
 def test_the_one_gpu_recipes_fit_their_gpu_and_time_with_its_peak():
-    from reasoner.pipeline.memory import plan_recipe
+    from reasoner.pipeline.plan import plan_recipe
 
     small = {p.name: p for p in plan_recipe(REPO / "configs/gsm8k_1gpu/recipe.yaml", 1, 24.0,
                                             "l4")}

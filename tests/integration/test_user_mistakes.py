@@ -87,7 +87,8 @@ def test_help_lists_choices_accepts_h_and_config_show_lists_every_key():
 
 @pytest.mark.parametrize("how", ["script", "stdin"])
 def test_the_verifier_works_from_a_plain_script_and_from_stdin(tmp_path, how):
-    """Its workers used to re-run the caller's main module: EOFError without a main guard."""
+    """The verifier's workers start without the caller's main module: a plain script without a
+    main guard, or code on stdin, works (re-running it in each worker ends in EOFError)."""
     code = ("from reasoner.verify.rules import is_equivalent\n"
             "print(is_equivalent('1/2', '0.5'), is_equivalent('1/2', '0.4'))\n")
     script = tmp_path / "check.py"

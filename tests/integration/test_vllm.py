@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tests_helpers import quiet
 
 from reasoner import eval as evaluate
 from reasoner import shards, verify
@@ -112,7 +113,7 @@ def test_greedy_eval_is_token_for_token_the_hf_eval(vllm_run, tmp_path):
     cfg.update(backend="hf", output_dir=str(tmp_path / "hf-eval"),
                model={"name_or_path": str(model)},
                data=[{"path": str(data / "test_problems"), "limit": EVAL_PROBLEMS}])
-    evaluate.run(EvalConfig.model_validate(cfg), progress=False)
+    evaluate.run(quiet(EvalConfig.model_validate(cfg)))
     hf, vl = rows(tmp_path / "hf-eval/samples"), rows(run_dir / "eval/samples")
     assert hf.keys() == vl.keys() and len(hf) == EVAL_PROBLEMS
     for key, h in hf.items():
@@ -172,7 +173,7 @@ def test_the_judge_on_vllm_replies_as_on_hf(vllm_run, tmp_path):
     cfg = stage_config("judged")
     cfg.update(input_dir=str(run_dir / "samples"), output_dir=str(tmp_path / "hf-judged"))
     cfg["judge"].update(backend="hf", model={"name_or_path": str(model)})
-    verify.run(VerifyConfig.model_validate(cfg), progress=False)
+    verify.run(quiet(VerifyConfig.model_validate(cfg)))
     hf, vl = rows(tmp_path / "hf-judged/verdicts"), rows(run_dir / "judged/verdicts")
     assert hf.keys() == vl.keys() and len(hf) == 96
     for key, h in hf.items():

@@ -6,8 +6,9 @@ import torch
 from reasoner import shards
 from reasoner import train_offline as T
 from reasoner.config import OfflineConfig
-from reasoner.rl import reference
-from reasoner.rl.objectives import Norm, sample_signal, token_scope
+from reasoner.rl import behaviour, reference
+from reasoner.rl.objectives import GlobalCounts, sample_signal, token_scope
+from reasoner.rl.rollouts import Batching, load_rollouts
 
 
 def cfg_for(model_dir, verified, out, **kw):
@@ -22,25 +23,26 @@ def grads_for(cfg, model_dir, cut):
     """Gradient of one global batch of all samples, micro-batches as `cut` says."""
     from transformers import AutoModelForCausalLM
 
+    from reasoner.device import DistInfo, Env
     from reasoner.models import load_tokenizer
     from reasoner.models.logprobs import PolicyLogprobs
 
     tok = load_tokenizer(str(model_dir))
-    data = T.load_rollouts(cfg, tok)
+    data = load_rollouts(cfg, tok)
     obj = cfg.objective
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     policy = PolicyLogprobs(model, 64)
     lp = data.old_logp
-    ctx = T.Ctx(obj, T.Rows.of(cfg), cfg.run.global_batch, cfg.run.seed, data,
-                sample_signal(obj, data).double(), token_scope(data, obj), lp, lp,
-                tok.pad_token_id, torch.device("cpu"), torch.float64)
+    inputs = T.Inputs(sample_signal(obj, data).double(), token_scope(obj, data), lp, lp, "", {})
+    batching = Batching.of(cfg, tok.pad_token_id)
+    micro = T.MicroStep(obj, data, inputs, batching, Env(torch.device("cpu"), DistInfo(),
+                                                         torch.float64))
     idx = list(range(len(data.ids)))
-    norm = Norm(len(idx), sum(data.resp_len(i) for i in idx),
-                  sum(data.resp_len(i) for i in idx if data.rewards[i] > 0))
-    mbs = T.micro_batches(idx, data, T.Rows.of(cfg))
-    rows = [r for mb in mbs for r in mb]
+    counts = GlobalCounts(len(idx), sum(data.resp_len(i) for i in idx),
+                          sum(data.resp_len(i) for i in idx if data.rewards[i] > 0))
+    rows = [r for mb in batching.micro_batches(idx, data) for r in mb]
     for chunk in cut(rows):
-        T.micro_loss(ctx, policy, chunk, norm, 1.0)
+        micro(policy, chunk, counts, 1.0)
     return {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
 
 
@@ -149,7 +151,7 @@ def test_validation_triggered_reset(tmp_path, tiny_model_dir, verified_dir):
     assert counts["plateau_resets"] == 2 and counts["validation_samples"] == 8
     from reasoner.models import load_tokenizer
 
-    data = T.load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
+    data = load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
     train, val = reference.split_validation(data, cfg.objective, 0)
     assert not set(train) & set(val) and len(train) + len(val) == counts["samples"]
 
@@ -163,7 +165,7 @@ def test_rollouts_are_memory_mapped_once_and_match_the_shard(tmp_path, tiny_mode
 
     tok = load_tokenizer(str(tiny_model_dir))
     cfg = cfg_for(tiny_model_dir, verified_dir, tmp_path / "o", max_tokens=150)
-    data = T.load_rollouts(cfg, tok)
+    data = load_rollouts(cfg, tok)
     assert isinstance(data.ids, ListColumn) and isinstance(data.old_logp, ListColumn)
     assert all(not values.flags.owndata for values, _ in data.ids._chunks)
     rows = {(r["id"], r["sample_idx"]): r for r in shards.iter_rows(verified_dir, Verified)}
@@ -176,7 +178,7 @@ def test_rollouts_are_memory_mapped_once_and_match_the_shard(tmp_path, tiny_mode
     assert data.dropped == sum(len(tok(r["prompt"], add_special_tokens=False)["input_ids"])
                                + len(r["token_ids"]) > 150 for r in rows.values()) > 0
     files = sorted((tmp_path / "o" / "rollouts").iterdir())
-    again = T.load_rollouts(cfg, tok)
+    again = load_rollouts(cfg, tok)
     assert sorted((tmp_path / "o" / "rollouts").iterdir()) == files and again.keys == data.keys
 
 
@@ -229,18 +231,19 @@ def test_reference_model_anchors_the_kl_and_nothing_else(tmp_path, tiny_model_di
     tok = load_tokenizer(str(tiny_model_dir))
     obj = {"name": "prorl", "kl_coef": 0.1}
 
-    def ctx_of(model, out, **kw):
+    def inputs_of(model, out, **kw):
         cfg = cfg_for(model, verified_dir, out, objective=obj, **kw)
-        data = T.load_rollouts(cfg, tok)
-        return T.prepare(cfg, training.setup(cfg.model, cfg.run.seed), tok, data)[0], data
+        data = load_rollouts(cfg, tok)
+        env = training.setup(cfg.model, cfg.run)
+        return T.prepare(cfg, env, tok.pad_token_id, data, None).inputs, data
 
-    anchored, data = ctx_of(tiny_model_dir, tmp_path / "a", reference=str(other))
-    plain, _ = ctx_of(tiny_model_dir, tmp_path / "p")
-    of_other, _ = ctx_of(other, tmp_path / "o")
+    anchored, data = inputs_of(tiny_model_dir, tmp_path / "a", reference=str(other))
+    plain, _ = inputs_of(tiny_model_dir, tmp_path / "p")
+    of_other, _ = inputs_of(other, tmp_path / "o")
     for i in range(len(data.ids)):
-        assert list(anchored.ref_lp[i]) == list(of_other.ref_lp[i])  # scored by `reference`
-        assert list(anchored.old_lp[i]) == list(plain.old_lp[i])  # behaviour: the start model
-    assert list(plain.ref_lp[0]) != list(of_other.ref_lp[0])
+        assert list(anchored.ref_logp[i]) == list(of_other.ref_logp[i])  # scored by `reference`
+        assert list(anchored.old_logp[i]) == list(plain.old_logp[i])  # behaviour: the start
+    assert list(plain.ref_logp[0]) != list(of_other.ref_logp[0])
     with pytest.raises(ValidationError, match="only used by a KL term"):
         cfg_for(tiny_model_dir, verified_dir, tmp_path, objective={"name": "pcl"}, reference="x")
     with pytest.raises(ValidationError, match="reference and objective.reset_every disagree"):
@@ -265,13 +268,13 @@ def test_stored_behaviour_logprobs_are_checked_against_the_trainers_own(tmp_path
     cfg = cfg_for(tiny_model_dir, verified_dir, tmp_path,
                   objective={"name": "dapo", "old_logprobs": "samples"})
     tok = load_tokenizer(str(tiny_model_dir))
-    data = T.load_rollouts(cfg, tok)
+    data = load_rollouts(cfg, tok)
     policy = PolicyLogprobs(AutoModelForCausalLM.from_pretrained(tiny_model_dir), 64).eval()
     cpu, f32 = torch.device("cpu"), torch.float32
     own = reference.response_logprobs(policy, data, list(range(len(data.ids))),
                                       tok.pad_token_id, cpu, f32)
-    check = lambda obj, d: T.check_behaviour(obj, d, policy, tok.pad_token_id, cpu, f32,  # noqa: E731
-                                             "stored by infer")
+    check = lambda obj, d: behaviour.check_behaviour(  # noqa: E731
+        obj, d, policy, tok.pad_token_id, cpu, f32, "stored by infer")
     recompute, note, gap = check(cfg.objective, dataclasses.replace(data, old_logp=own))
     assert not recompute and gap["max_abs_diff"] < 1e-5 and abs(gap["ratio_mean"] - 1) < 1e-5
     assert note.startswith("stored by infer (stored vs trainer on 16 samples: mean |Δ| 0.0000")
@@ -289,22 +292,20 @@ def test_stored_behaviour_logprobs_are_checked_against_the_trainers_own(tmp_path
 def test_the_token_reward_model_recomputes_activations_like_the_policy(
         tmp_path, tiny_model_dir, verified_dir, monkeypatch, world):
     """OREAL's token RM trains on the policy's batches, so it needs activation checkpointing
-    as much as the policy. Sharded (several processes), it was built fresh from the checkpoint
-    and never got it; here `load_sharded` is replaced by a whole-model stand-in, since only
-    what is done to the model it returns is under test."""
+    as much as the policy, in one process and sharded. Here `load_sharded` is replaced by a
+    whole-model stand-in, since only what is done to the model it returns is under test."""
     from transformers import AutoModelForCausalLM
 
-    from reasoner.device import DistInfo
+    from reasoner.device import DistInfo, Env
     from reasoner.models import fsdp
+    from reasoner.rl.token_rm import load_token_rm
 
     monkeypatch.setattr(fsdp, "load_sharded", lambda cfg, src, device, dist, wrap, **kw: wrap(
         AutoModelForCausalLM.from_pretrained(src)))
-    monkeypatch.setattr(T.training, "vocab_split", lambda *a: None)  # no process group here
-    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    env = (torch.device("cpu"), DistInfo(0, world, 0), torch.float32)
+    env = Env(torch.device("cpu"), DistInfo(0, world, 0), torch.float32)
     for checkpointing in (True, False):
         cfg = cfg_for(tiny_model_dir, verified_dir, tmp_path, objective={"name": "oreal"},
                       run={"gradient_checkpointing": checkpointing})
-        rm = T.token_reward_model(cfg, env, policy)
+        rm = load_token_rm(cfg, env, "sdpa", None).model
         assert rm.model.model.gradient_checkpointing is checkpointing
         assert rm.training and float(rm.head.weight.abs().sum()) == 0.0

@@ -10,6 +10,7 @@ import typer
 
 from reasoner.cli.common import OverridesArg, done, fail, load_config, results, run_stage, summary
 from reasoner.config import EvalConfig
+from reasoner.pipeline.registry import STAGES
 
 
 class Year(str, Enum):
@@ -42,7 +43,7 @@ def _eval_config(target: str, benchmark: str | None, data: list, out: Path | Non
                      f"output_dir={out or Path('runs/eval') / benchmark / name}", *overrides]
     if benchmark is not None:  # else the YAML's own benchmark name stands
         overrides.append(f"benchmark={benchmark}")
-    cfg = load_config("eval", EvalConfig, path, overrides)
+    cfg = load_config("eval", STAGES["eval"].config, path, overrides)
     if data and (explicit or not cfg.data):
         cfg.data = data
     if out is not None:
@@ -77,7 +78,6 @@ def eval_aime(
     out: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
 ) -> None:
     """AIME 2024 / 2025 (30 problems each): avg@k, pass@k, maj@k, lengths, plots."""
-    from reasoner import eval as stage
     from reasoner.eval.benchmarks import AIME, AIME_NAMES, local
 
     year = Year(year).value
@@ -88,7 +88,7 @@ def eval_aime(
         sources = [local(data[i])] if data else AIME[y]
         sub = (out / AIME_NAMES[y]) if out and len(years) > 1 else out
         cfg = _eval_config(target, AIME_NAMES[y], sources, sub, overrides, explicit=bool(data))
-        result = run_stage(f"eval aime {y}", lambda cfg=cfg: stage.run(cfg))
+        result = run_stage(f"eval aime {y}", lambda cfg=cfg: STAGES["eval"].run(cfg))
         _eval_summary(result)
         done(f"eval aime {y}")
 
@@ -102,7 +102,6 @@ def eval_bench(
     out: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
 ) -> None:
     """Any problem file (GSM8K, AMC, Minerva, the synthetic test split), same metrics."""
-    from reasoner import eval as stage
     from reasoner.eval.benchmarks import local
 
     sources = [local(d) for d in data or []]
@@ -110,7 +109,7 @@ def eval_bench(
     if bench is None and not target.endswith((".yaml", ".yml")):
         bench = Path(data[0]).stem if data else "bench"
     cfg = _eval_config(target, bench, sources, out, overrides)
-    result = run_stage("eval bench", lambda: stage.run(cfg))
+    result = run_stage("eval bench", lambda: STAGES["eval"].run(cfg))
     _eval_summary(result)
     done("eval bench")
 

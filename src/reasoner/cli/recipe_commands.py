@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from reasoner.cli.common import USER_ERRORS, OverridesArg, done, fail, logs, results, run_stage
-from reasoner.pipeline.memory import PEAK_TFLOPS
+from reasoner.pipeline.plan import PEAK_TFLOPS
 
 Kind = Enum("Kind", {k: k for k in PEAK_TFLOPS if k != "cpu"}, type=str)  # --kind's choices
 
@@ -35,13 +35,13 @@ def run_recipe(
     Overrides: recipe keys (run_dir=..., seed=1, rounds=2) or STAGE.key=value for one stage's
     config (sft.optim.lr=1e-4). On a GPU / NPU machine the memory plan runs first.
     """
-    from reasoner.pipeline import memory
+    from reasoner.pipeline import plan
     from reasoner.pipeline import run as pipeline
     from reasoner.pipeline.recipe import load_recipe
 
     if not dry_run and not no_plan:
         try:
-            bad = memory.check_before_run(recipe, overrides or [])
+            bad = plan.check_before_run(recipe, overrides or [])
         except USER_ERRORS as exc:
             fail("run", str(exc))
         if bad:
@@ -86,10 +86,10 @@ def plan_recipe(
     mfu: Annotated[float, typer.Option("--mfu", help="assumed model FLOPs utilisation")] = 0.35,
 ) -> None:
     """Memory per device and time per step of every stage, before running: fits or not."""
-    from reasoner.pipeline import memory
+    from reasoner.pipeline import plan
 
     kind, layout = Kind(kind).value, Layout(layout).value
-    plans = run_stage("plan", lambda: memory.plan_recipe(recipe, devices, mem, kind, mfu,
+    plans = run_stage("plan", lambda: plan.plan_recipe(recipe, devices, mem, kind, mfu,
                                                        overrides, layout, tp, pp, tflops))
     peak = tflops or PEAK_TFLOPS[kind]
     table = Table(title=f"reasoner plan {recipe}: {devices} x {mem:g} GiB {kind} ({peak:g} "

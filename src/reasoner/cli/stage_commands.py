@@ -1,6 +1,7 @@
 """One stage's commands: `data synth`, `model tiny | import`, `sft`, `infer`, `verify`,
-`explain`, `train-offline`. Each loads its config and overrides, calls the stage's `run(cfg)`
-and prints a summary; cli/__init__.py registers them on the app.
+`explain`, `train-offline`. Each loads the config model its stage kind names in
+`pipeline.registry.STAGES` (with the overrides), calls that kind's runner (`run(cfg)`) and
+prints a summary; cli/__init__.py registers them on the app.
 """
 
 from __future__ import annotations
@@ -20,15 +21,7 @@ from reasoner.cli.common import (
     run_stage,
     summary,
 )
-from reasoner.config import (
-    InferConfig,
-    OfflineConfig,
-    SFTConfig,
-    SynthConfig,
-    TinyConfig,
-    VerifyConfig,
-    load,
-)
+from reasoner.pipeline.registry import STAGES
 
 
 class Dtype(str, Enum):
@@ -46,12 +39,10 @@ model_app = typer.Typer(help="Build or import models.", no_args_is_help=True)
 def data_synth(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Write synthetic arithmetic word problems (train/test) and an SFT shard."""
     from reasoner import shards
-    from reasoner.data import synthetic
 
-    def go() -> dict[str, Path]:
-        return synthetic.run(load(SynthConfig, config, overrides))
-
-    folders = run_stage("data synth", go)
+    stage = STAGES["data synth"]
+    cfg = load_config("data synth", stage.config, config, overrides)
+    folders = run_stage("data synth", lambda: stage.run(cfg))
     rows = []
     for name, folder in folders.items():
         counts = (shards.read_manifest(folder) or {}).get("counts", {})
@@ -65,7 +56,9 @@ def model_tiny(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Build a tiny Qwen2 model + BPE tokenizer from scratch as an HF folder."""
     from reasoner import models
 
-    out = run_stage("model tiny", lambda: models.build_tiny(load(TinyConfig, config, overrides)))
+    stage = STAGES["model tiny"]
+    cfg = load_config("model tiny", stage.config, config, overrides)
+    out = run_stage("model tiny", lambda: stage.run(cfg))
     info = models.describe(out)
     summary("model tiny", [
         ("folder", out),
@@ -107,15 +100,13 @@ def model_import(
     done("model import")
 
 
-def _train(name: str, model_cls: type, module: str, config: Path,
-           overrides: list[str] | None) -> None:
+def _train(name: str, config: Path, overrides: list[str] | None) -> None:
     """sft and train-offline: run the trainer, then (rank 0) the counts of its manifest."""
-    import importlib
-
     from reasoner import shards
 
-    cfg = load_config(name, model_cls, config, overrides)
-    final = run_stage(name, lambda: importlib.import_module(module).run(cfg))
+    stage = STAGES[name]
+    cfg = load_config(name, stage.config, config, overrides)
+    final = run_stage(name, lambda: stage.run(cfg))
     counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
     if is_main():
         summary(name, [(k.replace("_", " "), v) for k, v in counts.items()] or [("model", final)])
@@ -124,7 +115,7 @@ def _train(name: str, model_cls: type, module: str, config: Path,
 
 def sft(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Supervised fine-tuning with sequence packing; loss on response tokens only."""
-    _train("sft", SFTConfig, "reasoner.sft", config, overrides)
+    _train("sft", config, overrides)
 
 
 def infer(
@@ -134,11 +125,12 @@ def infer(
     num_shards: Annotated[int, typer.Option("--num-shards", help="workers in all")] = 1,
 ) -> None:
     """Sample n candidate answers per problem (vLLM or transformers); resumable, shardable."""
-    from reasoner import infer as stage
     from reasoner import shards
 
-    cfg = load_config("infer", InferConfig, config, overrides)
-    out = run_stage("infer", lambda: stage.run(cfg, shard, num_shards))
+    stage = STAGES["infer"]
+    cfg = load_config("infer", stage.config, config,
+                      [*(overrides or []), f"shard={shard}", f"num_shards={num_shards}"])
+    out = run_stage("infer", lambda: stage.run(cfg))
     manifest = shards.read_manifest(out) or {}
     counts = manifest.get("counts", {})
     rows = [("folder", out), ("complete", manifest.get("complete", False))]
@@ -161,9 +153,9 @@ def infer(
 def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Judge each sample (math-verify rules and/or an LLM judge), reward it, filter groups."""
     from reasoner import shards
-    from reasoner import verify as stage
 
-    cfg = load_config("verify", VerifyConfig, config, overrides)
+    stage = STAGES["verify"]
+    cfg = load_config("verify", stage.config, config, overrides)
     out = run_stage("verify", lambda: stage.run(cfg))
     manifest = shards.read_manifest(out) or {}
     c = manifest.get("counts", {})
@@ -210,4 +202,4 @@ def explain(
 
 def train_offline(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Offline RL on verified rollouts: pcl (published), rft, oreal, dapo/prorl, discounted."""
-    _train("train-offline", OfflineConfig, "reasoner.train_offline", config, overrides)
+    _train("train-offline", config, overrides)

@@ -1,10 +1,11 @@
 """Configuration: one pydantic model per stage (stages.py), the sections they share
-(sections.py), the offline objectives' tagged union (objectives.py) and loading YAML files with
-`key.sub=value` overrides (files.py). Everything is re-exported here: `from reasoner.config
+(sections.py), the generating stages' sections (generation.py), the offline objectives' tagged
+union (objectives.py) and loading YAML files with `key.sub=value` overrides (files.py). Everything is re-exported here: `from reasoner.config
 import SFTConfig, load` is the import users and stages write.
 """
 
 from reasoner.config.files import ConfigError, Strict, dump, load, parse_overrides
+from reasoner.config.generation import JudgeConfig, RayConfig, SamplingConfig, VLLMConfig
 from reasoner.config.objectives import (
     OBJECTIVE_MODELS,
     DAPOObjective,
@@ -18,6 +19,7 @@ from reasoner.config.objectives import (
 from reasoner.config.sections import (
     TEMPLATE_PRESETS,
     DataConfig,
+    Input,
     ModelConfig,
     OptimConfig,
     RunConfig,
@@ -29,22 +31,19 @@ from reasoner.config.stages import (
     EvalConfig,
     FilterConfig,
     InferConfig,
-    JudgeConfig,
     OfflineConfig,
-    RayConfig,
-    SamplingConfig,
     SFTConfig,
     SynthConfig,
     TinyConfig,
+    TrainerConfig,
     VerifyConfig,
-    VLLMConfig,
 )
 
 __all__ = [
     "OBJECTIVE_MODELS", "TEMPLATE_PRESETS", "ConfigError", "DAPOObjective", "DataConfig",
-    "DecontamConfig", "DiscountedObjective", "EvalConfig", "FilterConfig", "InferConfig",
+    "DecontamConfig", "DiscountedObjective", "EvalConfig", "FilterConfig", "InferConfig", "Input",
     "JudgeConfig", "ModelConfig", "ObjectiveConfig", "OfflineConfig", "OptimConfig",
     "OREALObjective", "PCLObjective", "ProRLObjective", "RayConfig", "RFTObjective", "RunConfig",
     "SamplingConfig", "SFTConfig", "Strict", "SynthConfig", "TemplateConfig", "TinyConfig",
-    "TinyModelConfig", "VerifyConfig", "VLLMConfig", "dump", "load", "parse_overrides",
+    "TinyModelConfig", "TrainerConfig", "VerifyConfig", "VLLMConfig", "dump", "load", "parse_overrides",
 ]

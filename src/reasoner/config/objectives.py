@@ -29,14 +29,19 @@ class _ObjectiveBase(Strict):
         return False
 
     @property
-    def moves_reference(self) -> str | None:
+    def reference_moved_by(self) -> str | None:
         """The key that makes the reference move or reset during training, or None."""
         return None
 
     @property
+    def moves_reference(self) -> bool:
+        """The reference moves or resets during training (`reference_moved_by` says why)."""
+        return self.reference_moved_by is not None
+
+    @property
     def resident_reference(self) -> bool:
         """A second model stays in memory: the reference is used and moves with the policy."""
-        return self.needs_reference and self.moves_reference is not None
+        return self.needs_reference and self.moves_reference
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -52,6 +57,12 @@ class _ObjectiveBase(Strict):
     def holds_out_groups(self) -> bool:
         """Whole groups are held out of training to watch a validation margin."""
         return False
+
+    @property
+    def resident_bytes_per_param(self) -> int:
+        """Bytes per policy parameter of the models kept beside the policy while it trains: a
+        moving reference (fp32 weights: 4) and a token RM (trained with AdamW: 16)."""
+        return 4 * self.resident_reference + 16 * self.uses_token_rm
 
     def resets_at(self, step: int) -> bool:
         """After optimiser step `step` (1-based), reference <- policy and optimiser cleared."""
@@ -121,6 +132,10 @@ class _ClippedObjective(_ObjectiveBase):
     advantage: Literal["grpo", "rloo", "none"] = Field("grpo", description="group advantage")
     eps_low: float = Field(0.2, ge=0, description="lower clip range (DAPO: 0.2)")
     eps_high: float = Field(0.28, ge=0, description="upper clip range (DAPO: 0.28; ProRL: 0.4)")
+    clip_ratio_c: float = Field(
+        3.0, gt=1, description="dual clip: for a negative advantage the token loss is at most "
+        "clip_ratio_c x |A| however far the policy has moved from the behaviour policy "
+        "(verl's clip_ratio_c, 3; Ye et al. 2020, dual-clip PPO)")
     agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
         "token-mean", description="how token losses are averaged"
     )
@@ -173,7 +188,7 @@ class ProRLObjective(_ClippedObjective):
     val_every: int = Field(20, ge=1, description="steps between validation checks")
 
     @property
-    def moves_reference(self) -> str | None:
+    def reference_moved_by(self) -> str | None:
         return ("reset_every" if self.reset_every else
                 "reset_patience" if self.reset_patience else None)
 
@@ -197,7 +212,7 @@ class DiscountedObjective(_ClippedObjective):
     ref_alpha: float = Field(0.1, ge=0, le=1, description="moving reference: ref <- a*pi + (1-a)*ref")
 
     @property
-    def moves_reference(self) -> str | None:
+    def reference_moved_by(self) -> str | None:
         return "ref_update_every" if self.ref_update_every else None
 
     def averages_at(self, step: int) -> bool:

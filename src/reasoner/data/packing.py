@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -19,7 +20,7 @@ IGNORE = -100  # label of tokens outside the loss
 
 
 def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Best-fit-decreasing bins of sample indices; no bin over `capacity` (DESIGN 5b).
+    """Best-fit-decreasing bins of sample indices; no bin over `capacity` (docs/design.md).
 
     Longest sample first, each into the fullest bin it still fits. O(n log n) with a sorted
     list of free space. A sample longer than `capacity` is an error (drop it before packing).
@@ -118,3 +119,24 @@ def collate_padded(samples: list[tuple[list[int], list[bool]]], pad_id: int) -> 
         segment[r, :n] = r
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return Batch(input_ids, labels, position_ids, attention, segment, B, int(attention.sum()))
+
+
+class TokenRows(Protocol):
+    """Tokenized samples as both trainers hold them (sft.Tokenized, rl.rollouts.Rollouts):
+    `ids[i]` a sample's token ids, `loss_mask(i)` True on the tokens it is scored on."""
+
+    ids: Sequence[list[int]]
+
+    def loss_mask(self, i: int) -> list[bool]: ...
+
+
+def collate(data: TokenRows, rows: list[list[int]], packed: bool, width: int | None, pad_id: int,
+            flat: bool = False) -> Batch:
+    """A micro-batch's rows of sample indices as tensors: packed rows `width` tokens wide (None:
+    as wide as the longest; `flat`: one row for a varlen kernel), or one sample per row, padded
+    (`packed` False: each row holds one sample)."""
+    if packed:
+        samples = [[(data.ids[i], data.loss_mask(i)) for i in row] for row in rows]
+        longest = max(sum(len(ids) for ids, _ in row) for row in samples)
+        return collate_packed(samples, width or longest, pad_id, flat=flat)
+    return collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad_id)

@@ -152,7 +152,7 @@ def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str
 def final_answer(row: dict, answer_from: str | None = None) -> None:
     """Reduce a worked answer to the final one: GSM8K's `... #### 18` to `18`, a MATH-style
     `solution` (no `answer`), or the field `answer_from` names, to its last \\boxed{}."""
-    from reasoner.verify.extract import extract_answer
+    from reasoner.data.answers import extract_answer
 
     if answer_from is not None and "answer" not in row:
         found, text = lookup(row, answer_from)

@@ -37,7 +37,7 @@ def _write_problems(cfg: EvalConfig, folder: Path) -> None:
     shards.finish(folder, {"problems": len(problems)})
 
 
-def run(cfg: EvalConfig, progress: bool = True) -> Path:
+def run(cfg: EvalConfig) -> Path:
     """Evaluate; return the folder holding report.json / report.md / plots."""
     from reasoner import infer, verify
     from reasoner.models.load import check_model
@@ -52,12 +52,12 @@ def run(cfg: EvalConfig, progress: bool = True) -> Path:
         model=cfg.model, data=DataConfig(path=str(out / "problems")), output_dir=out / "samples",
         template=cfg.template, sampling=cfg.sampling, backend=cfg.backend,
         batch_size=cfg.batch_size, max_model_len=cfg.max_model_len, vllm=cfg.vllm, ray=cfg.ray,
-        overwrite=True), progress=progress)
+        overwrite=True, progress=cfg.progress))
     verified = verify.run(VerifyConfig(
         input_dir=samples, output_dir=out / "verified", mode=cfg.mode, template=cfg.template,
         extraction=cfg.extraction, workers=cfg.workers, timeout_s=cfg.timeout_s, judge=cfg.judge,
         filters=FilterConfig(truncated="negative", dedupe=False, drop_zero_variance=False),
-    ), progress=progress)
+        progress=cfg.progress))
     rows = list(shards.iter_rows(verified, Verified))
     with VerifierPool(workers=1, timeout_s=cfg.timeout_s) as pool:
         def same(a: str, b: str) -> bool:

@@ -24,6 +24,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reasoner.config import SFTConfig
 from reasoner.errors import ConfigError, InputError
@@ -112,23 +113,45 @@ def _header(title: str, source: str) -> str:
             "#   source /usr/local/Ascend/ascend-toolkit/set_env.sh\nset -euo pipefail\n")
 
 
+@dataclass(frozen=True)
+class _Paths:
+    """Where the four scripts read and write, as shell defaults the user may override."""
+
+    hf_dir: str
+    env: str  # the HF_DIR / MCORE_DIR / SAVE_DIR / DATA_PREFIX lines
+    download: str  # the download hint for a hub id ("" for a local folder)
+    data_prefix: str
+
+
+def _paths(name: str, par: Parallel, workdir: str) -> _Paths:
+    local = not _hub_id(name)
+    hf_dir = name if local else f"./model_from_hf/{name.rstrip('/').split('/')[-1]}"
+    mcore = f"{workdir}/model_weights/mcore_tp{par.tp}_pp{par.pp}"
+    data_prefix = f"{workdir}/data/sft"
+    env = (f'HF_DIR=${{HF_DIR:-{hf_dir}}}\nMCORE_DIR=${{MCORE_DIR:-{mcore}}}\n'
+           f'SAVE_DIR=${{SAVE_DIR:-{workdir}/checkpoints}}\n'
+           f'DATA_PREFIX=${{DATA_PREFIX:-{data_prefix}}}\n')
+    download = ("" if local else
+                f"# the weights must be local: huggingface-cli download {name} --local-dir {hf_dir}\n")
+    return _Paths(hf_dir, env, download, data_prefix)
+
+
 def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None = None,
             workdir: str = "mindspeed") -> dict[str, str]:
     """The four scripts (file name -> text) for this SFT config."""
     arch = architecture(cfg.model.name_or_path)
     _check(arch, par, cfg)
-    name = cfg.model.name_or_path
-    local = not _hub_id(name)
-    hf_dir = name if local else f"./model_from_hf/{name.rstrip('/').split('/')[-1]}"
-    mcore = f"{workdir}/model_weights/mcore_tp{par.tp}_pp{par.pp}"
-    trained = f"{workdir}/checkpoints"
-    data_prefix = f"{workdir}/data/sft"
-    env = (f'HF_DIR=${{HF_DIR:-{hf_dir}}}\nMCORE_DIR=${{MCORE_DIR:-{mcore}}}\n'
-           f'SAVE_DIR=${{SAVE_DIR:-{trained}}}\nDATA_PREFIX=${{DATA_PREFIX:-{data_prefix}}}\n')
-    download = ("" if local else
-                f"# the weights must be local: huggingface-cli download {name} --local-dir {hf_dir}\n")
-    # reasoner reads the data as `reasoner sft` does (hub id, data_files, ShareGPT or OpenAI
-    # rows), asks each row as infer will, drops rows over the limit, writes role/content rows
+    paths = _paths(cfg.model.name_or_path, par, workdir)
+    return {"1_preprocess_data.sh": _preprocess(cfg, source, paths),
+            "2_convert_hf_to_mcore.sh": _to_mcore(source, par, paths),
+            "3_train_sft.sh": _training(cfg, source, par, arch, paths, train_iters),
+            "4_convert_mcore_to_hf.sh": _to_hf(source, paths)}
+
+
+def _preprocess(cfg: SFTConfig, source: str, paths: _Paths) -> str:
+    """1/4: reasoner reads the data as `reasoner sft` does (hub id, data_files, ShareGPT or
+    OpenAI rows), asks each row as infer will, drops rows over the limit, writes role/content
+    rows; MindSpeed's preprocessing packs them."""
     keys = {"messages": "messages",
             "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
                      "assistant_tag": "assistant", "system_tag": "system"}}
@@ -141,26 +164,27 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
         pre += [("--pack", None), ("--neat-pack", None), ("--seq-length", cfg.seq_len)]
     prepare = (f"reasoner export mindspeed-data {shlex.quote(source)} "
                f"model.name_or_path=${{HF_DIR}} --out ${{DATA_JSONL}}\n")
-    preprocess = (_header("1/4 SFT data -> MindSpeed indexed instruction dataset", source) + download
-                  + env + 'DATA_JSONL=${DATA_JSONL:-' + f'{data_prefix}.jsonl}}\n'
-                  + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n' + prepare
-                  + _lines(["python", "preprocess_data.py"], pre))
+    return (_header("1/4 SFT data -> MindSpeed indexed instruction dataset", source)
+            + paths.download + paths.env + 'DATA_JSONL=${DATA_JSONL:-'
+            + f'{paths.data_prefix}.jsonl}}\n' + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n'
+            + prepare + _lines(["python", "preprocess_data.py"], pre))
 
+
+def _to_mcore(source: str, par: Parallel, paths: _Paths) -> str:
+    """2/4: HF weights to Megatron-mcore at the run's TP / PP."""
     conv = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
             ("--load-model-type", "hf"), ("--save-model-type", "mg"),
             ("--target-tensor-parallel-size", par.tp), ("--target-pipeline-parallel-size", par.pp),
             ("--add-qkv-bias", None), ("--params-dtype", "bf16"),
             ("--load-dir", "${HF_DIR}"), ("--save-dir", "${MCORE_DIR}"),
             ("--tokenizer-model", "${HF_DIR}/tokenizer.json")]
-    to_mcore = (_header(f"2/4 HF -> Megatron-mcore weights (TP {par.tp}, PP {par.pp})", source)
-                + download + env + _lines(["python", "convert_ckpt.py"], conv))
+    return (_header(f"2/4 HF -> Megatron-mcore weights (TP {par.tp}, PP {par.pp})", source)
+            + paths.download + paths.env + _lines(["python", "convert_ckpt.py"], conv))
 
-    o, r = cfg.optim, cfg.run
-    iters = (f"TRAIN_ITERS=${{TRAIN_ITERS:-{train_iters}}}\n" if train_iters else
-             "# optimiser steps = ceil(packed rows / global batch) x epochs "
-             f"(epochs = {r.epochs:g}); reasoner sft prints its packed rows\n"
-             'TRAIN_ITERS=${TRAIN_ITERS:?set TRAIN_ITERS (see above)}\n')
-    model_flags = [
+
+def _model_flags(arch: dict) -> list[tuple[str, Any]]:
+    """The architecture as Megatron's arguments (Qwen2 / Llama layout)."""
+    flags = [
         ("--use-mcore-models", None), ("--num-layers", arch["num_hidden_layers"]),
         ("--hidden-size", arch["hidden_size"]), ("--ffn-hidden-size", arch["intermediate_size"]),
         ("--num-attention-heads", arch["num_attention_heads"]), ("--group-query-attention", None),
@@ -173,9 +197,20 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
         ("--attention-dropout", 0.0), ("--hidden-dropout", 0.0),
     ]
     if not arch.get("tie_word_embeddings", False):
-        model_flags.append(("--untie-embeddings-and-output-weights", None))
+        flags.append(("--untie-embeddings-and-output-weights", None))
+    return flags
+
+
+def _training(cfg: SFTConfig, source: str, par: Parallel, arch: dict, paths: _Paths,
+              train_iters: int | None) -> str:
+    """3/4: the SFT run itself, the same command on every node."""
+    o, r = cfg.optim, cfg.run
+    iters = (f"TRAIN_ITERS=${{TRAIN_ITERS:-{train_iters}}}\n" if train_iters else
+             "# optimiser steps = ceil(packed rows / global batch) x epochs "
+             f"(epochs = {r.epochs:g}); reasoner sft prints its packed rows\n"
+             'TRAIN_ITERS=${TRAIN_ITERS:?set TRAIN_ITERS (see above)}\n')
     train = [
-        *model_flags,
+        *_model_flags(arch),
         ("--tokenizer-type", "PretrainedFromHF"), ("--tokenizer-name-or-path", "${HF_DIR}"),
         ("--tensor-model-parallel-size", par.tp), ("--pipeline-model-parallel-size", par.pp),
         *([("--sequence-parallel", None)] if par.tp > 1 else []),
@@ -210,20 +245,21 @@ def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None 
                 "--master_port", "${MASTER_PORT}", "posttrain_gpt.py"]
     world = par.nodes * par.npus_per_node
     dp = world // (par.tp * par.pp)
-    training = (_header(f"3/4 SFT on {world} NPUs: TP {par.tp} x PP {par.pp} x DP {dp}; run on "
-                        "every node with its NODE_RANK", source)
-                + env + iters + launch + _lines(torchrun, train))
+    return (_header(f"3/4 SFT on {world} NPUs: TP {par.tp} x PP {par.pp} x DP {dp}; run on "
+                    "every node with its NODE_RANK", source)
+            + paths.env + iters + launch + _lines(torchrun, train))
 
+
+def _to_hf(source: str, paths: _Paths) -> str:
+    """4/4: the trained weights back to an HF folder `reasoner infer` reads."""
     back = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
             ("--load-model-type", "mg"), ("--save-model-type", "hf"),
             ("--target-tensor-parallel-size", 1), ("--target-pipeline-parallel-size", 1),
             ("--add-qkv-bias", None), ("--params-dtype", "bf16"),
             ("--load-dir", "${SAVE_DIR}"), ("--save-dir", "${HF_DIR}")]
-    to_hf = (_header("4/4 trained Megatron-mcore weights -> HF (written to ${HF_DIR}/mg2hf)", source)
-             + env + _lines(["python", "convert_ckpt.py"], back)
-             + "# then, with reasoner: reasoner infer CONFIG model.name_or_path=${HF_DIR}/mg2hf\n")
-    return {"1_preprocess_data.sh": preprocess, "2_convert_hf_to_mcore.sh": to_mcore,
-            "3_train_sft.sh": training, "4_convert_mcore_to_hf.sh": to_hf}
+    return (_header("4/4 trained Megatron-mcore weights -> HF (written to ${HF_DIR}/mg2hf)", source)
+            + paths.env + _lines(["python", "convert_ckpt.py"], back)
+            + "# then, with reasoner: reasoner infer CONFIG model.name_or_path=${HF_DIR}/mg2hf\n")
 
 
 def prepare_data(cfg: SFTConfig, out: Path) -> dict[str, int]:

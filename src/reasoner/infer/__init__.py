@@ -17,7 +17,7 @@ from reasoner import shards
 from reasoner.config import InferConfig, ModelConfig, RayConfig, VLLMConfig, dump
 from reasoner.data import sources
 from reasoner.data.template import render_prompt
-from reasoner.errors import DataError, InputError
+from reasoner.errors import DataError
 from reasoner.infer.base import Completion, Generator, Request, sample_seed
 from reasoner.infer.engines import local_generator
 from reasoner.records import Problem, Sample
@@ -49,7 +49,9 @@ def load_problems(cfg: InferConfig) -> list[dict]:
 
 
 # settings that change how fast and where samples are drawn, never which ones
-ENGINE_SETTINGS = ("batch_size", "vllm", "ray")
+# Settings that change how fast results come, or which worker writes them, never which results:
+# not part of a folder's identity.
+ENGINE_SETTINGS = ("batch_size", "vllm", "ray", "progress", "shard", "num_shards")
 
 
 def without_engine_settings(config: dict) -> dict:
@@ -64,10 +66,9 @@ def _config_key(cfg: InferConfig) -> dict:
     return data
 
 
-def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = True) -> Path:
-    """Generate this shard's samples into `cfg.output_dir`; return the folder."""
-    if not 0 <= shard < num_shards:
-        raise InputError(f"--shard {shard} is outside 0..{num_shards - 1}")
+def run(cfg: InferConfig) -> Path:
+    """Generate this worker's samples (`cfg.shard` of `cfg.num_shards`) into `cfg.output_dir`;
+    return the folder."""
     from reasoner.models.load import check_model
 
     out = Path(cfg.output_dir)
@@ -78,7 +79,7 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
     check_model(cfg.model.name_or_path)  # before the folder is claimed: a fixed rerun just runs
     shards.begin(out, "infer", config, {"model": cfg.model.name_or_path, "data": cfg.data.path},
                  overwrite=cfg.overwrite)
-    mine = problems[shard::num_shards]
+    mine = problems[cfg.shard::cfg.num_shards]
     done = shards.present_keys(out, Sample)
     todo = [(p, k) for p in mine for k in range(cfg.sampling.n) if (p["id"], k) not in done]
     stats = {"generated": 0, "tokens": 0, "prompt_too_long": 0}
@@ -89,7 +90,7 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
         stats["load_seconds"] = time.perf_counter() - started  # model load / engine start
         started = time.perf_counter()
         try:
-            _generate(cfg, gen, todo, out, shard, stats, progress)
+            _generate(cfg, gen, todo, out, stats)
         finally:
             gen.close()
     stats["seconds"] = time.perf_counter() - started  # generation alone
@@ -98,7 +99,7 @@ def run(cfg: InferConfig, shard: int = 0, num_shards: int = 1, progress: bool = 
 
 
 def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], out: Path,
-              shard: int, stats: dict, progress: bool) -> None:
+              stats: dict) -> None:
     """Every sample of `todo` into this shard's part, each written as soon as it is finished
     (the backend streams them), so a crash loses only the samples still being decoded."""
 
@@ -107,7 +108,7 @@ def _generate(cfg: InferConfig, gen: Generator, todo: list[tuple[dict, int]], ou
     prompts: dict[str, tuple[str, list[int]]] = {}
     requests, rows = [], []
     began = time.perf_counter()
-    with shards.PartWriter(out, shard) as writer, progress_bar(progress) as bar:
+    with shards.PartWriter(out, cfg.shard) as writer, progress_bar(cfg.progress) as bar:
         task = bar.add_task("infer", total=len(todo), info="")
         for problem, k in todo:
             if problem["id"] not in prompts:

@@ -8,15 +8,15 @@ shards only and copies each shard's rows from the (memory-mapped) safetensors fi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reasoner.config import ModelConfig
-from reasoner.errors import ConfigError, InputError
+from reasoner.errors import InputError
 from reasoner.models import vocab_parallel
+from reasoner.models.vocab_layout import VocabSplit, vocab_layout
 
 
 class SafetensorsSlices:
@@ -92,54 +92,6 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
         fill_shards(wrapped, SafetensorsSlices(folder), dist, skip)
     model.generation_config = _generation_config_of(folder, model)
     return wrapped
-
-
-@dataclass(frozen=True)
-class VocabSplit:
-    """How a run asks for its embedding and lm-head to be split (run.vocab_layout), and the
-    tokens one process scores per micro-batch, which `vocab_layout` weighs."""
-
-    layout: str = "auto"  # auto | vocab-parallel | fsdp
-    tokens: int = 4096
-    chosen: bool = False  # `layout` is what auto chose for the policy, not what the user asked
-
-
-def vocab_traffic_bytes(layout: str, processes: int, tokens: int, hidden: int, vocab: int,
-                        untied: bool, param_bytes: int = 2, act_bytes: int = 2) -> float:
-    """Bytes one process receives per micro-batch (forward + backward) for the embedding and
-    lm-head, by the bus model (broadcast / reduce: the payload; all-gather / reduce-scatter:
-    (W-1)/W of the whole). `tokens`: one process's per micro-batch.
-
-    vocab-parallel: one phase per process moves that process's activations to every other:
-    ids and embeddings (fp32) forward, the embeddings' gradient backward; hidden states and
-    targets forward, again backward with the hidden-state gradient (fp32). Grows with W.
-    fsdp: each matrix is all-gathered in forward, again in backward, its gradient
-    reduce-scattered in fp32. Does not grow with W."""
-    w = processes
-    if layout == "vocab-parallel":
-        return w * tokens * (8 + 4 * hidden + 4 * hidden + 8 + 2 * act_bytes * hidden
-                             + 4 + 4 * hidden)
-    matrices = 2 if untied else 1
-    return matrices * (w - 1) / w * vocab * hidden * (2 * param_bytes + 4)
-
-
-def vocab_layout(split: VocabSplit | None, processes: int, hidden: int, vocab: int, tied: bool,
-                 param_bytes: int = 2) -> str:
-    """The layout a run uses: the one asked for, or (auto) the one moving fewer bytes. Tied
-    weights stay vocab-parallel: as FSDP2 units the embedding and lm-head would be one unit
-    (the root's), gathered from the start of forward to the end of backward."""
-    split = split or VocabSplit()
-    if tied:  # also where auto chose fsdp for an untied policy: a tied reference stays
-        if split.layout == "fsdp" and not split.chosen:
-            raise ConfigError("run.vocab_layout=fsdp needs untied embeddings (this model ties "
-                              "its lm-head to its input embedding): use auto or vocab-parallel")
-        return "vocab-parallel"
-    if split.layout != "auto":
-        return split.layout
-    cost = {layout: vocab_traffic_bytes(layout, processes, split.tokens, hidden, vocab, True,
-                                        param_bytes, param_bytes)
-            for layout in ("vocab-parallel", "fsdp")}
-    return min(cost, key=cost.get)
 
 
 def shard_modules(wrapped: torch.nn.Module, model: Any, dtype: torch.dtype = torch.float32,

@@ -120,7 +120,7 @@ def import_model(source: str, output_dir: Path, gguf_file: str | None = None,
     into an unmarked model of the same config. The folder is checked by loading it back and
     comparing logits with the loaded model, then moved into place.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     from reasoner.data.template import stop_token_ids
 
@@ -131,6 +131,32 @@ def import_model(source: str, output_dir: Path, gguf_file: str | None = None,
     if (out / "config.json").exists() and not overwrite:
         raise InputError(f"{out} already holds a model; pass --overwrite to replace it")
     where, gguf = _gguf_source(source, gguf_file)
+    tokenizer, model = _load_for_import(source, where, gguf, dtype, trust_remote_code)
+    stops = stop_token_ids(tokenizer)
+    model.generation_config = GenerationConfig.from_dict({
+        **model.generation_config.to_dict(), "eos_token_id": stops,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]})
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    info = {"imported_from": source, "gguf_file": gguf, "parameters": num_parameters(model),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "stop_token_ids": stops}
+    (tmp / "reasoner.json").write_text(json.dumps({"built_by": "reasoner model import", **info},
+                                                  indent=2))
+    _check_saved(tmp, model, tokenizer)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return {"folder": out, **info}
+
+
+def _load_for_import(source: str, where: str, gguf: str | None, dtype: str,
+                     trust_remote_code: bool) -> tuple[Any, Any]:
+    """(tokenizer, model) of what `import_model` reads, as a plain (unquantized) model in eval
+    mode: GGUF weights dequantized by transformers are moved into an unmarked model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if gguf:
         kwargs["gguf_file"] = gguf
@@ -156,25 +182,16 @@ def import_model(source: str, output_dir: Path, gguf_file: str | None = None,
         plain.load_state_dict(model.state_dict())
         plain.generation_config = model.generation_config
         model = plain
-    model.eval()
-    stops = stop_token_ids(tokenizer)
-    model.generation_config = GenerationConfig.from_dict({
-        **model.generation_config.to_dict(), "eos_token_id": stops,
-        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]})
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    info = {"imported_from": source, "gguf_file": gguf, "parameters": num_parameters(model),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "stop_token_ids": stops}
-    (tmp / "reasoner.json").write_text(json.dumps({"built_by": "reasoner model import", **info},
-                                                  indent=2))
+    return tokenizer, model.eval()
+
+
+def _check_saved(folder: Path, model: Any, tokenizer: Any) -> None:
+    """The saved folder, loaded back, gives the loaded model's logits exactly."""
+    from transformers import AutoModelForCausalLM
+
     probe = tokenizer("1 + 1 = 2", return_tensors="pt", add_special_tokens=False)["input_ids"]
-    again = AutoModelForCausalLM.from_pretrained(tmp, dtype="auto").eval()
+    again = AutoModelForCausalLM.from_pretrained(folder, dtype="auto").eval()
     with torch.no_grad():
         if not torch.equal(model(probe).logits, again(probe).logits):
-            raise InputError(f"{tmp}: the saved model does not reproduce the loaded one's logits")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return {"folder": out, **info}
+            raise InputError(f"{folder}: the saved model does not reproduce the loaded one's "
+                             "logits")

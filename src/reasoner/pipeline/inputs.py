@@ -9,38 +9,9 @@ other one must exist now (a local path) or be a well-formed hub id, else `reason
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from reasoner import hub
 from reasoner.errors import ConfigError
-
-
-def _inputs(command: str, cfg: Any) -> list[tuple[str, str, str]]:
-    """(config key, value, what it is) of the inputs one stage reads."""
-    if command in ("compare", "data synth"):
-        return []
-    if command == "model tiny":
-        return [(f"corpus.{i}", str(p), "file or folder") for i, p in enumerate(cfg.corpus)]
-    found: list[tuple[str, str, str]] = []
-    if getattr(cfg, "model", None) is not None:  # sft, infer, train-offline, eval
-        found.append(("model.name_or_path", cfg.model.name_or_path, "model folder"))
-    if command in ("sft", "infer"):
-        found.append(("data.path", cfg.data.path, "file or folder"))
-    if command == "eval":
-        found += [(f"data.{i}.path", d.path, "file or folder") for i, d in enumerate(cfg.data)]
-    if command in ("verify", "train-offline"):
-        found.append(("input_dir", str(cfg.input_dir), "shard folder"))
-    if command == "train-offline" and cfg.reference is not None:
-        found.append(("reference", cfg.reference, "model folder"))
-    if command == "verify":
-        if cfg.mode != "rule" and cfg.judge.model is not None:
-            found.append(("judge.model.name_or_path", cfg.judge.model.name_or_path,
-                          "model folder"))
-        if cfg.mode != "rule":
-            found.append(("judge.prompt_file", str(cfg.judge.prompt_file), "file"))
-        found += [(f"decontam.benchmarks.{i}.path", d.path, "file or folder")
-                  for i, d in enumerate(cfg.decontam.benchmarks)]
-    return found
 
 
 def _made_here(value: str, outputs: list[Path]) -> bool:
@@ -49,11 +20,14 @@ def _made_here(value: str, outputs: list[Path]) -> bool:
 
 
 def missing_inputs(stages: list, run_dir: Path) -> list[str]:
-    """One line per input that no stage makes and that cannot be had: `stage.key=value: why`."""
+    """One line per input that no stage makes and that cannot be had: `stage.key=value: why`.
+    Each stage's config names its inputs (`inputs()`); compare's reports are its own stages'."""
     outputs = [s.out for s in stages] + [Path(run_dir) / "configs"]
     lines, seen = [], set()
     for stage in stages:
-        for key, value, kind in _inputs(stage.command, stage.config):
+        if stage.command == "compare":
+            continue
+        for key, value, kind in ((i.key, i.value, i.kind) for i in stage.config.inputs()):
             if _made_here(value, outputs) or (key, value) in seen:
                 continue  # made by a stage, or already reported for an earlier one
             seen.add((key, value))

@@ -1,4 +1,4 @@
-"""Every objective, as pure functions on tensors (DESIGN section 5).
+"""Every objective, as pure functions on tensors (docs/design.md, "Losses").
 
 Layout: token tensors are flat over the response tokens of a batch. `logp`, `old_logp`,
 `ref_logp`, `weights` are (N,); `sample_index` (N,) says which of the B samples each token
@@ -118,24 +118,37 @@ def group_advantages(rewards: Tensor, group_index: Tensor, mode: str = "grpo") -
 
 def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_index: Tensor,
                     eps_low: float = 0.2, eps_high: float = 0.28, agg: str = "token-mean",
-                    global_tokens: float | None = None, global_samples: float | None = None
-                    ) -> tuple[Tensor, dict]:
-    """PPO-style clipped policy gradient with decoupled clip range (DAPO, Yu et al. 2025).
+                    global_tokens: float | None = None, global_samples: float | None = None,
+                    clip_ratio_c: float | None = 3.0) -> tuple[Tensor, dict]:
+    """PPO-style clipped policy gradient with decoupled clip range (DAPO, Yu et al. 2025) and a
+    dual clip for negative advantages (Ye et al. 2020, "Mastering complex control in MOBA games
+    with deep RL"; verl's `clip_ratio_c`).
 
-    Per token: max(-rho*A, -clip(rho, 1-eps_low, 1+eps_high)*A), rho = exp(logp - old_logp),
-    A = advantages[sample]. `token-mean`: mean over all N tokens (DAPO); `seq-mean-token-mean`:
-    mean over samples of each sample's token mean.
+    Per token: l = max(-rho*A, -clip(rho, 1-eps_low, 1+eps_high)*A), rho = exp(logp - old_logp),
+    A = advantages[sample]; where A < 0, l = min(l, -clip_ratio_c * A): a token the policy has
+    made far likelier than the behaviour policy did costs at most clip_ratio_c x |A| (without
+    it a log-prob gap of 20 costs 4.9e8 x |A|, and the gradient follows). The log-ratio is
+    clamped to [-20, 20] before exp, as verl does, so that the bounded branch's zero gradient
+    never meets an infinite ratio (0 x inf = NaN). `token-mean`: mean over all N tokens (DAPO);
+    `seq-mean-token-mean`: mean over samples of each sample's token mean. clip_ratio_c None:
+    no dual clip.
     """
-    ratio = (logp - old_logp).exp()  # (N,)
+    ratio = (logp - old_logp).clamp(-20.0, 20.0).exp()  # (N,)
     adv = advantages[sample_index]  # (N,)
     unclipped = -ratio * adv
     clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * adv
     per_token = torch.maximum(unclipped, clipped)  # (N,)
+    dual = torch.zeros_like(per_token, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        bound = -clip_ratio_c * adv  # (N,)
+        dual = (adv < 0) & (per_token > bound)
+        per_token = torch.where(dual, bound, per_token)
     loss = agg_loss(per_token, sample_index, advantages.shape[0], agg, global_tokens, global_samples)
     with torch.no_grad():
         clip_frac = (clipped > unclipped).float().mean()
-    return loss, {"loss": _f(loss), "clip_frac": _f(clip_frac), "ratio_mean": _f(ratio.mean()),
-                  "ratio_max": _f(ratio.max()), "ratio_min": _f(ratio.min())}
+    return loss, {"loss": _f(loss), "clip_frac": _f(clip_frac), "dual_clip_frac": _f(dual.float().mean()),
+                  "ratio_mean": _f(ratio.mean()), "ratio_max": _f(ratio.max()),
+                  "ratio_min": _f(ratio.min())}
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
@@ -175,6 +188,20 @@ def oreal_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, rewards: Te
     loss = global_share((bc + pg + beta * kl).mean(), B, global_samples)
     return loss, {"loss": _f(loss), "bc": _f(bc.mean()), "neg_pg": _f(pg.mean()),
                   "kl": _f(kl.mean())}
+
+
+def token_rm_loss(scores: Tensor, sample_index: Tensor, rewards: Tensor,
+                  global_samples: float | None = None) -> tuple[Tensor, dict]:
+    """OREAL's token reward model objective (Lyu et al. 2025): binary cross-entropy of
+    sigmoid(mean token score) of each response against its correctness (R > 0), averaged over
+    samples. Trained this way, a token's score says how much it decides the outcome.
+    """
+    B = rewards.shape[0]
+    seq = segment_mean(scores, sample_index, B)  # (B,)
+    target = (rewards > 0).to(seq.dtype)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(seq, target, reduction="none")  # (B,)
+    loss = global_share(bce.mean(), B, global_samples)
+    return loss, {"loss": _f(loss), "rm_bce": _f(bce.mean())}
 
 
 def kl_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, num_samples: int, agg: str,

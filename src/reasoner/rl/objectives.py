@@ -5,21 +5,20 @@ What an objective needs (a reference, a moving one, behaviour log-probs, a token
 by its config model (config/objectives.py); its loss is a pure function of rl/losses.py. Adding
 an objective: its model there, its signal and step here, its loss in losses.py, its docs.
 
-Signals are computed once for the whole rollout set (M samples); steps see one micro-batch and
-the global-batch normalisers (`Norm`), so micro-batching, packing and processes cannot change
-the loss.
+Signals and scopes are computed once for the whole rollout set (M samples), both as
+`f(obj, data)`; steps see one micro-batch and the global-batch counts (`GlobalCounts`), so
+micro-batching, packing and processes cannot change the loss.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from reasoner.config import ObjectiveConfig
-from reasoner.errors import TrainingError
 from reasoner.rl import losses
 from reasoner.rl.rollouts import Rollouts
 
@@ -33,18 +32,31 @@ class Micro:
     signal: Tensor  # (b,) reward or advantage the objective trains with
     rewards: Tensor  # (b,)
     group_acc: Tensor  # (b,)
-    old_logp: Tensor | None  # (N,)
-    ref_logp: Tensor | None  # (N,)
-    weights: Tensor | None  # (N,) token weights (oreal) or scope mask (pcl neg_scope)
+    old_logp: Tensor | None = None  # (N,) behaviour log-probs (the clipped objectives)
+    ref_logp: Tensor | None = None  # (N,) reference log-probs (KL terms, OREAL)
+    scope: Tensor | None = None  # (N,) 1 on the tokens the loss sees (pcl's neg_scope); None: all
+    token_weights: Tensor | None = None  # (N,) OREAL's token RM weights; None: all 1
 
 
-@dataclass
-class Norm:
-    """Global-batch normalisers, handed to the losses."""
+@dataclass(frozen=True)
+class GlobalCounts:
+    """What the losses average over, counted over the whole global batch (every micro-batch of
+    every process): its samples, their response tokens, the positive samples' tokens."""
 
     samples: float
     tokens: float
     pos_tokens: float
+
+
+@dataclass
+class StepResult:
+    """One micro-batch's loss (its share of the global batch's) and metrics, by how they are
+    reduced over the step: averaged, or the largest / smallest value."""
+
+    loss: Tensor
+    means: dict[str, float]
+    maxima: dict[str, float] = field(default_factory=dict)
+    minima: dict[str, float] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,11 +128,11 @@ def divergence(data: Rollouts) -> list[int]:
     return out
 
 
-def every_token(data: Rollouts, obj: ObjectiveConfig) -> None:
+def every_token(obj: ObjectiveConfig, data: Rollouts) -> None:
     return None
 
 
-def pcl_scope(data: Rollouts, obj: ObjectiveConfig) -> list[list[float]] | None:
+def pcl_scope(obj: ObjectiveConfig, data: Rollouts) -> list[list[float]] | None:
     """Per-token 1/0 masks restricting negatives to their divergent suffix (pcl's neg_scope)."""
     if obj.neg_scope == "all":
         return None
@@ -140,35 +152,45 @@ def pcl_scope(data: Rollouts, obj: ObjectiveConfig) -> list[list[float]] | None:
 # Loss steps: one micro-batch's loss and metrics
 
 
-def _with_kl(loss: Tensor, metrics: dict, logp: Tensor, m: Micro, obj: ObjectiveConfig, n: Norm,
-             agg: str) -> tuple[Tensor, dict]:
+def _result(loss: Tensor, metrics: dict) -> StepResult:
+    """A loss's metrics as means over the step (the loss itself is summed by the trainer, as
+    shares; rft's positive-token count is a count, not a mean)."""
+    return StepResult(loss, {k: v for k, v in metrics.items() if k not in ("loss", "pos_tokens")})
+
+
+def _with_kl(loss: Tensor, metrics: dict, logp: Tensor, m: Micro, obj: ObjectiveConfig,
+             n: GlobalCounts, agg: str) -> StepResult:
     if not obj.kl_coef:
-        return loss, metrics
+        return _result(loss, metrics)
     kl, mean = losses.kl_loss(logp, m.ref_logp, m.sample_index, len(m.index), agg, n.tokens,
                               n.samples)
-    return loss + obj.kl_coef * kl, {**metrics, "kl": mean}
+    return _result(loss + obj.kl_coef * kl, {**metrics, "kl": mean})
 
 
-def pcl_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: Norm) -> tuple[Tensor, dict]:
-    keep = m.weights > 0 if m.weights is not None else slice(None)  # neg_scope: own tokens only
+def pcl_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
+    keep = m.scope > 0 if m.scope is not None else slice(None)  # neg_scope: own tokens only
     loss, metrics = losses.pcl_loss(logp[keep], m.sample_index[keep], m.signal, n.samples)
     return _with_kl(loss, metrics, logp, m, obj, n, "seq-mean-token-mean")
 
 
-def rft_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: Norm) -> tuple[Tensor, dict]:
-    return losses.rft_loss(logp, m.sample_index, m.rewards, n.pos_tokens)
+def rft_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
+    return _result(*losses.rft_loss(logp, m.sample_index, m.rewards, n.pos_tokens))
 
 
-def clipped_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: Norm) -> tuple[Tensor, dict]:
+def clipped_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
     loss, metrics = losses.clipped_pg_loss(logp, m.old_logp, m.signal, m.sample_index, obj.eps_low,
-                                           obj.eps_high, obj.agg, n.tokens, n.samples)
-    return _with_kl(loss, metrics, logp, m, obj, n, "token-mean")
+                                           obj.eps_high, obj.agg, n.tokens, n.samples,
+                                           obj.clip_ratio_c)
+    largest, smallest = metrics.pop("ratio_max"), metrics.pop("ratio_min")
+    result = _with_kl(loss, metrics, logp, m, obj, n, "token-mean")
+    result.maxima, result.minima = {"ratio_max": largest}, {"ratio_min": smallest}
+    return result
 
 
-def oreal_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: Norm) -> tuple[Tensor, dict]:
-    weights = m.weights if m.weights is not None else torch.ones_like(logp)
-    return losses.oreal_loss(logp, m.ref_logp, m.sample_index, m.rewards, m.group_acc, weights,
-                             obj.eta, obj.beta, n.samples)
+def oreal_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
+    weights = m.token_weights if m.token_weights is not None else torch.ones_like(logp)
+    return _result(*losses.oreal_loss(logp, m.ref_logp, m.sample_index, m.rewards, m.group_acc,
+                                      weights, obj.eta, obj.beta, n.samples))
 
 
 @dataclass(frozen=True)
@@ -176,8 +198,8 @@ class Objective:
     """An objective's training side: its signal (M,), its token scope, its loss step."""
 
     signal: Callable[[ObjectiveConfig, Rollouts], Tensor]
-    step: Callable[[Tensor, Micro, ObjectiveConfig, Norm], tuple[Tensor, dict]]
-    scope: Callable[[Rollouts, ObjectiveConfig], list[list[float]] | None] = every_token
+    step: Callable[[Tensor, Micro, ObjectiveConfig, GlobalCounts], StepResult]
+    scope: Callable[[ObjectiveConfig, Rollouts], list[list[float]] | None] = every_token
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -195,73 +217,11 @@ def sample_signal(obj: ObjectiveConfig, data: Rollouts) -> Tensor:
     return OBJECTIVES[obj.name].signal(obj, data)
 
 
-def token_scope(data: Rollouts, obj: ObjectiveConfig) -> list[list[float]] | None:
+def token_scope(obj: ObjectiveConfig, data: Rollouts) -> list[list[float]] | None:
     """Per-token masks of the tokens the loss sees, or None for all of them."""
-    return OBJECTIVES[obj.name].scope(data, obj)
+    return OBJECTIVES[obj.name].scope(obj, data)
 
 
-# --------------------------------------------------------------------------------------------
-# Behaviour log-probs (pi_old of the clipped objectives)
-
-
-def behaviour_gap(stored: list[list[float]], scored: list[list[float]]) -> dict[str, float]:
-    """How far stored behaviour log-probs are from the trainer's own at theta_old, per token:
-    mean and max |stored - scored| and the mean and extremes of the ratio exp(scored - stored),
-    which the clipped objectives assume is 1 there."""
-    a = torch.tensor([x for row in stored for x in row], dtype=torch.float64)  # (N,)
-    b = torch.tensor([x for row in scored for x in row], dtype=torch.float64)  # (N,)
-    if a.shape != b.shape:
-        raise TrainingError(f"stored behaviour log-probs cover {a.numel()} tokens, the trainer "
-                            f"scores {b.numel()}: the samples do not match their token ids")
-    gap, ratio = (a - b).abs(), (b - a).exp()
-    return {"mean_abs_diff": float(gap.mean()), "max_abs_diff": float(gap.max()),
-            "ratio_mean": float(ratio.mean()), "ratio_min": float(ratio.min()),
-            "ratio_max": float(ratio.max())}
-
-
-def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, sampling: dict | None = None
-                       ) -> tuple[bool, str]:
-    """(recompute them with the starting model?, where they come from, in words).
-
-    Stored log-probs are those of the distribution the sampler drew from: logits / T, top-k,
-    top-p. The policy is scored at logprob_temperature over the whole vocabulary, so the
-    ratio pi/pi_old is 1 at theta_old only when T matches and nothing was truncated; `auto`
-    recomputes them otherwise, an explicit `samples` with another temperature is an error.
-    """
-    if not obj.needs_old_logprobs:
-        return False, "not used"
-    mismatch = []
-    if sampling is not None:
-        t = sampling.get("temperature", 1.0)
-        if abs(t - obj.logprob_temperature) > 1e-9:
-            mismatch.append(f"sampled at temperature {t}, scored at objective."
-                            f"logprob_temperature {obj.logprob_temperature}")
-        if (sampling.get("top_k") or 0) > 0 or sampling.get("top_p", 1.0) < 1.0:
-            mismatch.append(f"sampled with top_k {sampling.get('top_k')} / top_p "
-                            f"{sampling.get('top_p')}, which truncate the distribution")
-    mode = obj.old_logprobs
-    if data.old_logp is None and mode != "recompute" and not obj.allow_recompute:
-        raise TrainingError(
-            f"objective {obj.name} needs the behaviour log-probs of the samples, and "
-            f"{data.keys[0]} has none: rerun `reasoner infer` with sampling.logprobs=true, "
-            "or set objective.allow_recompute=true to use the starting model's log-probs")
-    if mode == "auto":
-        mode = "samples" if data.old_logp is not None and sampling is not None and not mismatch \
-            else "recompute"
-        if mode == "recompute":
-            why = "; ".join(mismatch) if mismatch else (
-                "the samples carry none" if data.old_logp is None else
-                "the samples' sampling settings are unknown")
-            return True, f"recomputed by the starting model ({why})"
-    if mode == "recompute":
-        return True, "recomputed by the starting model (objective.old_logprobs=recompute)"
-    if data.old_logp is None:
-        return True, "recomputed by the starting model (the samples carry none)"
-    if mismatch and mismatch[0].startswith("sampled at temperature"):
-        raise TrainingError(
-            f"objective.old_logprobs=samples, but the samples were {mismatch[0]}: the ratio "
-            f"would not be 1 at theta_old. Set objective.logprob_temperature="
-            f"{sampling['temperature']}, or objective.old_logprobs=auto to recompute them")
-    if mismatch:
-        return False, f"stored by infer ({mismatch[-1]}: the ratio is below 1 at theta_old)"
-    return False, "stored by infer"
+def step(logp: Tensor, m: Micro, obj: ObjectiveConfig, counts: GlobalCounts) -> StepResult:
+    """One micro-batch's loss under `obj`: its share of the global batch's."""
+    return OBJECTIVES[obj.name].step(logp, m, obj, counts)

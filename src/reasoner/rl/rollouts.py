@@ -1,4 +1,5 @@
-"""Verified rollouts as training data: token ids, per-sample rewards and advantages.
+"""Verified rollouts as training data: token ids, per-sample rewards, and how they are cut into
+global batches, rows and micro-batches (`Batching`).
 
 Loaded once per train-offline run: tokenized once into a memory-mapped Arrow file, keyed by the
 Verified shard's files, the tokenizer and max_tokens, and mapped again on reruns and by every
@@ -19,10 +20,11 @@ from torch import Tensor
 
 from reasoner import shards
 from reasoner.config import OfflineConfig
-from reasoner.data import token_cache
+from reasoner.data import packing, token_cache
 from reasoner.data.template import end_of_turn
 from reasoner.errors import TrainingError
 from reasoner.records import Verified
+from reasoner.training import schedule
 
 
 @dataclass
@@ -50,6 +52,47 @@ class Rollouts:
         """True on the response tokens of sample i (the tokens that are scored)."""
         p = self.prompt_lens[i]
         return [False] * p + [True] * (len(self.ids[i]) - p)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How train-offline cuts its rollouts: a global batch of `global_batch` samples per step
+    (the schedule's row order), each process's share packed into rows of `seq_len` tokens (or
+    one sample per row, padded), `micro_batch` rows per forward."""
+
+    global_batch: int
+    seed: int
+    packing: bool
+    seq_len: int
+    micro_batch: int
+    pad: int  # the tokenizer's pad id
+    varlen: bool = False  # packed rows go flat to a varlen kernel (models.attention)
+
+    @classmethod
+    def of(cls, cfg: OfflineConfig, pad: int, varlen: bool = False) -> Batching:
+        return cls(cfg.run.global_batch, cfg.run.seed, cfg.packing, cfg.seq_len,
+                   cfg.run.micro_batch, pad, varlen)
+
+    def global_batch_at(self, samples: list[int], step: int) -> list[int]:
+        """The samples (indices into `samples`' values) of optimiser step `step`."""
+        return [samples[i] for i in schedule.global_batch_rows(len(samples), self.global_batch,
+                                                               self.seed, step)]
+
+    def micro_batches(self, samples: list[int], data: Rollouts) -> list[list[list[int]]]:
+        """Micro-batches of rows of rollout indices: packed bins, or one sample per row."""
+        if self.packing:
+            bins = packing.pack([len(data.ids[i]) for i in samples], self.seq_len)
+            rows = [[samples[j] for j in b] for b in bins]
+        else:
+            rows = [[i] for i in sorted(samples, key=lambda i: len(data.ids[i]))]
+        mb = self.micro_batch
+        return [rows[k:k + mb] for k in range(0, len(rows), mb)]
+
+    def collate(self, data: Rollouts, rows: list[list[int]]) -> packing.Batch:
+        """A micro-batch's rows as tensors: packed as wide as its longest row, with no mask (one
+        flat row for a varlen kernel; transformers derives the mask from the position ids
+        otherwise), or padded."""
+        return packing.collate(data, rows, self.packing, None, self.pad, self.varlen)
 
 
 def _schema():

@@ -1,36 +1,46 @@
 """OREAL's token-level reward model and the token weights it gives (Lyu et al. 2025).
 
-A copy of the policy with a scalar head scores every response token; trained with BCE of
-sigmoid(mean token score) against correctness, it learns which tokens decide the outcome.
+A copy of the starting policy with a scalar head scores every response token; trained with BCE of
+sigmoid(mean token score) against correctness (`losses.token_rm_loss`), it learns which tokens
+decide the outcome. It trains beside the policy on the policy's own micro-batches, with its own
+AdamW, and may first train alone for a few steps (`warm_up`, OREAL's frozen actor).
 """
 
 from __future__ import annotations
 
-import copy as copy_module
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from reasoner import device as dev
+from reasoner import training
+from reasoner.config import OfflineConfig
 from reasoner.data import packing
+from reasoner.device import Env
+from reasoner.models.vocab_layout import VocabSplit
+from reasoner.rl import losses
+from reasoner.rl.objectives import GlobalCounts
+from reasoner.rl.rollouts import Batching, Rollouts
+from reasoner.runlog import progress_bar
 
 
 class TokenRewardModel(nn.Module):
-    """OREAL's token-level reward model: a copy of the policy with a scalar head.
+    """OREAL's token-level reward model: the policy's trunk with a scalar head.
 
-    Trained alongside the policy with BCE of sigmoid(mean token score) against correctness.
-    Token weights come from p_t = sigmoid(running mean of scores up to t):
-    positives w+ = clip(2 p_t - 1, 0, 1), negatives w- = clip(1 - 2 p_t, 0, 1).
+    Token weights come from p_t = sigmoid(running mean of scores up to t): positives
+    w+ = clip(2 p_t - 1, 0, 1), negatives w- = clip(1 - 2 p_t, 0, 1).
     """
 
-    def __init__(self, policy_model: nn.Module, copy: bool = True):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = copy_module.deepcopy(policy_model) if copy else policy_model
+        self.model = model
         self.head = nn.Linear(self.model.config.hidden_size, 1)
         self.reset_head()
         lm_head, embed = self.model.get_output_embeddings(), self.model.get_input_embeddings()
         if lm_head is not None and lm_head.weight is not embed.weight:
             # scores come from the trunk: an untied LM head gets no gradient, hence no optimiser
-            # state to checkpoint, and a fresh optimiser's template would ask for it on resume
+            # state to checkpoint, and a fresh optimiser's template would ask for some on resume
             lm_head.requires_grad_(False)
 
     @torch.no_grad()
@@ -57,6 +67,79 @@ def running_mean(x: Tensor, sample_index: Tensor) -> Tensor:
 
 
 def token_weights(scores: Tensor, sample_index: Tensor, rewards: Tensor) -> Tensor:
+    """OREAL's token weights (N,) from the RM's scores (no gradient flows back to the RM)."""
     p = torch.sigmoid(running_mean(scores.detach(), sample_index))  # (N,)
     positive = rewards[sample_index] > 0
     return torch.where(positive, (2 * p - 1).clamp(0, 1), (1 - 2 * p).clamp(0, 1))
+
+
+@dataclass
+class TokenRM:
+    """The token RM in training: the model (sharded like the policy with several processes), its
+    optimiser, and where it computes."""
+
+    model: TokenRewardModel
+    optimizer: torch.optim.Optimizer
+    env: Env
+
+    def train_pass(self, batch: packing.Batch, sample_index: Tensor, rewards: Tensor,
+                   counts: GlobalCounts, scale: float) -> tuple[Tensor, float]:
+        """Scores (N,) of one micro-batch and its share of the RM's loss, backward; returns the
+        scores and the micro-batch's mean BCE. The RM has its own optimiser and no loss scaler:
+        only a dummy pass's zero `scale` applies."""
+        with dev.autocast(self.env.device, self.env.dtype):
+            scores = self.model(batch)  # (N,)
+        loss, metrics = losses.token_rm_loss(scores, sample_index, rewards, counts.samples)
+        (loss * float(scale > 0)).backward()
+        return scores, metrics["rm_bce"]
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def load_token_rm(cfg: OfflineConfig, env: Env, attn: str, vocab: VocabSplit) -> TokenRM:
+    """OREAL's token RM: the starting policy's weights with a zero head, loaded (and with several
+    processes sharded) by the policy's own loader; recomputes activations when the policy does
+    (it trains on the policy's batches: as long, as wide)."""
+    loaded = training.load_wrapped(cfg.model, cfg.model.name_or_path, env, TokenRewardModel,
+                                   attn, vocab, skip=("head.",))
+    rm = loaded.policy
+    rm.reset_head()  # sharded loading leaves the head's storage unfilled
+    if cfg.run.gradient_checkpointing:
+        rm.model.gradient_checkpointing_enable()
+    rm.train()
+    return TokenRM(rm, torch.optim.AdamW(rm.parameters(), lr=cfg.objective.rm_lr), env)
+
+
+def warm_up(rm: TokenRM, state: training.TrainState, data: Rollouts, samples: list[int],
+            batching: Batching, steps: int) -> list[float]:
+    """OREAL's frozen-actor start: `steps` global batches (the first ones of the schedule) that
+    train only the token RM; the policy, its optimiser and its schedule are untouched. Returns
+    the mean BCE per step."""
+    bces: list[float] = []
+    with progress_bar(state.settings.progress and state.dist.is_main) as bar:
+        task = bar.add_task("token RM warm-up", total=steps, info="")
+        for step in range(steps):
+            bces.append(_warm_up_step(rm, state, data, samples, batching, step))
+            bar.update(task, advance=1, info=f"bce {bces[-1]:.4f}")
+    return bces
+
+
+def _warm_up_step(rm: TokenRM, state: training.TrainState, data: Rollouts, samples: list[int],
+                  batching: Batching, step: int) -> float:
+    batch_idx = batching.global_batch_at(samples, step)
+    counts = GlobalCounts(samples=len(batch_idx), tokens=0, pos_tokens=0)
+
+    def one(rows: list[list[int]], scale: float) -> training.MicroOut:
+        index = [i for r in rows for i in r]
+        b = batching.collate(data, rows).to(rm.env.device)
+        _, bce = rm.train_pass(b, b.sample_index[b.labels >= 0],
+                               data.rewards[index].to(rm.env.device), counts, scale)
+        return training.MicroOut({}, {"rm_bce": bce}, len(index) / counts.samples)
+
+    mine = batch_idx[state.dist.rank::state.dist.world_size]
+    bce = training.accumulate(state, batching.micro_batches(mine, data), one,
+                              dummy=[[batch_idx[0]]])["rm_bce"]
+    rm.step()
+    return bce

@@ -131,27 +131,24 @@ def _reasoning_counter(cfg: VerifyConfig, model: str) -> Any:
     return lambda text: len(tok(think_span(text, cfg.template), add_special_tokens=False)["input_ids"])
 
 
-def run(cfg: VerifyConfig, progress: bool = True) -> Path:
-    from reasoner.infer import without_engine_settings  # imports torch: not at module import
 
+
+def run(cfg: VerifyConfig) -> Path:
+    """Verify `cfg.input_dir` into `cfg.output_dir` (see the module docstring); return it.
+    Verdicts are reused across runs whose verdict settings agree: a filter change re-judges
+    nothing."""
     started = time.perf_counter()
     out = Path(cfg.output_dir)
     if not shards.is_complete(cfg.input_dir):
         raise ShardError(f"{cfg.input_dir} is not a complete Sample shard (its manifest does not "
                          "say complete: true); finish `reasoner infer` first")
-    config = dump(cfg)
+    config = {k: v for k, v in dump(cfg).items() if k != "progress"}
     if shards.finished(out, config):
         return out
-    shards.update_manifest(out, stage="verify", config=config, inputs={"samples": str(cfg.input_dir)},
-                           complete=False)
-    # Verdicts are reused across runs whose verdict settings agree (a filter change re-judges
-    # nothing); other settings start them afresh.
-    verdict_key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s")}
-    if cfg.extraction != "strict":  # keyed only when set: strict folders of older runs stay valid
-        verdict_key["extraction"] = cfg.extraction
-    verdict_key["judge"] = without_engine_settings(config["judge"])  # speed never changes a verdict
-    if (shards.read_manifest(out / VERDICTS) or {}).get("config") != verdict_key:
-        shards.reset(out / VERDICTS, "verify verdicts", verdict_key)
+    shards.update_manifest(out, stage="verify", config=config,
+                           inputs={"samples": str(cfg.input_dir)}, complete=False)
+    if (shards.read_manifest(out / VERDICTS) or {}).get("config") != _verdict_key(config):
+        shards.reset(out / VERDICTS, "verify verdicts", _verdict_key(config))
     samples = list(shards.iter_rows(cfg.input_dir, Sample))
     if not samples:
         raise ShardError(f"{cfg.input_dir}: no samples to verify")
@@ -160,23 +157,10 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
     keep_ids = {p["id"] for p in kept}
     samples = [s for s in samples if s["id"] in keep_ids]
     verified_at = time.perf_counter()
-    newly = compute_verdicts(cfg, samples, out, progress)
+    newly = compute_verdicts(cfg, samples, out, cfg.progress)
     verify_seconds = time.perf_counter() - verified_at
     verdicts = {(v["id"], v["sample_idx"]): v for v in shards.iter_rows(out / VERDICTS)}
-    count = _reasoning_counter(cfg, samples[0]["model"]) if samples else None
-    rows, dropped = [], Counter()
-    for s in samples:
-        v = verdicts[(s["id"], s["sample_idx"])]
-        verdict, verifier = final_verdict(cfg.mode, v)
-        if (verdict == "invalid" and cfg.invalid == "drop") or (
-                verdict == "timeout" and cfg.timeout == "drop"):
-            dropped[verdict] += 1
-            continue
-        rows.append({**s, "extracted": v["extracted"], "extracted_by": v.get("extracted_by"),
-                     "verdict": verdict, "verifier": verifier,
-                     "reward": 1.0 if verdict == "correct" else -1.0,
-                     "judge_output": v.get("judge_output"), "rule_verdict": v.get("rule_verdict"),
-                     "reasoning_tokens": count(s["response"])})
+    rows, dropped = rewarded(cfg, samples, verdicts)
     verdict_counts = Counter(r["verdict"] for r in rows)
     rows, report = filters.apply(rows, cfg.filters)
     shards.reset_parts(out)
@@ -195,6 +179,39 @@ def run(cfg: VerifyConfig, progress: bool = True) -> Path:
              "seconds": round(time.perf_counter() - started, 2)}
     if cfg.mode == "both":
         _write_disagreements(out / "disagreements.jsonl", samples, verdicts)
-    shards.atomic_write_text(out / "stats.json", json.dumps({"counts": counts, **extra}, indent=2) + "\n")
+    shards.atomic_write_text(out / "stats.json",
+                             json.dumps({"counts": counts, **extra}, indent=2) + "\n")
     shards.finish(out, counts, **extra)
     return out
+
+
+def _verdict_key(config: dict) -> dict:
+    """The settings a verdict depends on: verdicts made under the same ones are reused."""
+    from reasoner.infer import without_engine_settings  # imports torch: not at module import
+
+    key = {k: config[k] for k in ("input_dir", "mode", "template", "timeout_s")}
+    if config["extraction"] != "strict":  # keyed only when set: older strict folders stay valid
+        key["extraction"] = config["extraction"]
+    key["judge"] = without_engine_settings(config["judge"])  # speed never changes a verdict
+    return key
+
+
+def rewarded(cfg: VerifyConfig, samples: list[dict], verdicts: dict
+             ) -> tuple[list[dict], Counter]:
+    """Each sample with its final verdict and reward R = +1 / -1 (and its reasoning tokens),
+    and the count, by verdict, of the samples dropped for an `invalid` or `timeout` verdict."""
+    count = _reasoning_counter(cfg, samples[0]["model"]) if samples else None
+    rows, dropped = [], Counter()
+    for s in samples:
+        v = verdicts[(s["id"], s["sample_idx"])]
+        verdict, verifier = final_verdict(cfg.mode, v)
+        if (verdict == "invalid" and cfg.invalid == "drop") or (
+                verdict == "timeout" and cfg.timeout == "drop"):
+            dropped[verdict] += 1
+            continue
+        rows.append({**s, "extracted": v["extracted"], "extracted_by": v.get("extracted_by"),
+                     "verdict": verdict, "verifier": verifier,
+                     "reward": 1.0 if verdict == "correct" else -1.0,
+                     "judge_output": v.get("judge_output"), "rule_verdict": v.get("rule_verdict"),
+                     "reasoning_tokens": count(s["response"])})
+    return rows, dropped

@@ -326,7 +326,7 @@ def _close_default() -> None:
 
 
 def is_equivalent(reference: str, candidate: str, timeout_s: float = 5.0) -> bool | None:
-    """Mathematical equivalence by math-verify; None when it cannot decide in time (DESIGN 5b)."""
+    """Mathematical equivalence by math-verify; None when it cannot decide in time (docs/design.md)."""
     global _DEFAULT
     if _DEFAULT is None or _DEFAULT.timeout_s != timeout_s:
         if _DEFAULT is not None:

@@ -54,8 +54,10 @@ def test_each_objective_takes_only_its_own_keys():
 def test_each_objective_says_what_training_it_needs(obj, reference, moves, resident,
                                                     old_logprobs, token_rm, held_out):
     assert obj.needs_reference is reference
-    assert obj.moves_reference == moves
+    assert obj.reference_moved_by == moves
+    assert obj.moves_reference is (moves is not None)
     assert obj.resident_reference is resident
+    assert obj.resident_bytes_per_param == 4 * resident + 16 * token_rm
     assert obj.needs_old_logprobs is old_logprobs
     assert obj.uses_token_rm is token_rm
     assert obj.holds_out_groups is held_out

@@ -32,7 +32,7 @@ def test_every_shipped_config_loads():
 
 
 def test_packed_rows_must_hold_the_longest_sample():
-    """max_tokens > seq_len with packing used to stop a run at its first long sample."""
+    """max_tokens > seq_len with packing is refused at load, not at the first long sample."""
     base = ["model.name_or_path=m", "input_dir=v", "output_dir=o"]
     with pytest.raises(ConfigError, match=r"max_tokens \(51200\) is larger than seq_len \(8192\)"):
         load(OfflineConfig, None, [*base, "seq_len=8192"])

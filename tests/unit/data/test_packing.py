@@ -63,8 +63,8 @@ def test_collate_padded():
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_logits_equal_unpacked_logits(tiny_model_dir, attn):
     """Isolation on the installed transformers, as the trainers call the model (no mask,
-    use_cache=False): each sample in a packed row sees exactly what it sees alone. With eager,
-    the bool block mask the trainers used to pass was added to the scores as 0 / 1."""
+    use_cache=False): each sample in a packed row sees exactly what it sees alone (a bool block
+    mask passed to eager would be added to the scores as 0 / 1: no mask is passed)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn).eval()

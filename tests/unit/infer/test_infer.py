@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from tests_helpers import quiet
 
 from reasoner import infer, shards
 from reasoner.config import InferConfig, SamplingConfig
@@ -30,18 +31,16 @@ def rows(folder):
 
 
 def test_n_samples_per_problem_with_keys_and_reproducible_seeds(tmp_path, synth_dir, tiny_model_dir):
-    a = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "a"), progress=False))
+    a = rows(infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "a"))))
     assert sorted((r["id"], r["sample_idx"]) for r in a) == sorted(
         (p["id"], k) for p in list(shards.iter_rows(synth_dir / "test_problems"))[:3] for k in range(4))
     assert all(r["seed"] == sample_seed(0, r["id"], r["sample_idx"]) for r in a)
     assert all(len(r["token_ids"]) == len(r["logprobs"]) == r["response_tokens"] for r in a)
     # same seed, other batching: identical samples; other seed: different samples
-    b = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "b", batch_size=3),
-                       progress=False))
+    b = rows(infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "b", batch_size=3))))
     key = lambda r: (r["id"], r["sample_idx"])  # noqa: E731
     assert [r["token_ids"] for r in sorted(a, key=key)] == [r["token_ids"] for r in sorted(b, key=key)]
-    c = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "c", sampling__seed=1),
-                       progress=False))
+    c = rows(infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "c", sampling__seed=1))))
     assert [r["token_ids"] for r in sorted(a, key=key)] != [r["token_ids"] for r in sorted(c, key=key)]
     # samples of one problem differ from each other (seeds differ per sample_idx)
     first = [r["token_ids"] for r in a if r["id"] == a[0]["id"]]
@@ -51,15 +50,14 @@ def test_n_samples_per_problem_with_keys_and_reproducible_seeds(tmp_path, synth_
     # the entropy estimate ProRL watches: mean surprisal of the sampled tokens
     nll = [-x for r in a for x in r["logprobs"]]
     assert manifest["counts"]["token_entropy"] == pytest.approx(sum(nll) / len(nll), rel=1e-12)
-    assert "token_entropy" not in shards.read_manifest(infer.run(cfg_for(
-        synth_dir, tiny_model_dir, tmp_path / "d", sampling__logprobs=False), progress=False))["counts"]
+    assert "token_entropy" not in shards.read_manifest(infer.run(quiet(cfg_for(
+        synth_dir, tiny_model_dir, tmp_path / "d", sampling__logprobs=False))))["counts"]
 
 
 def test_behaviour_logprobs_match_teacher_forced_recomputation(tmp_path, synth_dir, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    out = infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "a", sampling__max_tokens=20),
-                    progress=False)
+    out = infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "a", sampling__max_tokens=20)))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     sampling = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95)
     checked = 0
@@ -109,9 +107,8 @@ def test_bad_inputs(tmp_path, synth_dir, tiny_model_dir):
     mapped = tmp_path / "mapped.jsonl"  # the ../shared eval files use prompt/answer; ids are made
     mapped.write_text('{"id": 1, "question": "Mia has 3 apples.", "answer": 3}\n'
                       '{"id": 2, "question": "' + "Mia has 3 apples. " * 60 + '", "answer": 4}\n')
-    out = infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "long", data__path=str(mapped),
-                            data__fields={"problem": "question"}, max_model_len=200),
-                    progress=False)
+    out = infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "long", data__path=str(mapped),
+                            data__fields={"problem": "question"}, max_model_len=200)))
     got = rows(out)
     too_long = [r for r in got if r.get("error") == "prompt_too_long"]
     assert len(too_long) == 4 and all(r["id"] == "2" and r["response"] == "" for r in too_long)
@@ -140,8 +137,8 @@ def test_vllm_backend_on_tiny_model(tmp_path, synth_dir, tiny_model_dir):
 
     if not dev.cuda_available():
         pytest.skip("vllm is installed but no GPU is visible")
-    out = infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "v", backend="vllm",
-                            vllm__gpu_memory_utilization=0.3), progress=False)
+    out = infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "v", backend="vllm",
+                            vllm__gpu_memory_utilization=0.3)))
     got = rows(out)
     assert len(got) == 12 and all(len(r["token_ids"]) == len(r["logprobs"]) for r in got)
 
@@ -205,14 +202,14 @@ def test_each_sample_is_on_disk_as_soon_as_it_is_finished(tmp_path, synth_dir, t
     cfg = cfg_for(synth_dir, tiny_model_dir, tmp_path / "s", batch_size=12)
     monkeypatch.setattr(HFGenerator, "stream", crashing)
     with pytest.raises(RuntimeError, match="node lost"):
-        infer.run(cfg, progress=False)
+        infer.run(quiet(cfg))
     assert len(rows(tmp_path / "s")) == 5
     asked = []
     monkeypatch.setattr(HFGenerator, "stream", lambda self, requests, sampling: (
         asked.append(len(requests)) or real_stream(self, requests, sampling)))
-    resumed = rows(infer.run(cfg, progress=False))
+    resumed = rows(infer.run(quiet(cfg)))
     assert asked == [7]
-    whole = rows(infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "w"), progress=False))
+    whole = rows(infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "w"))))
     key = lambda r: (r["id"], r["sample_idx"])  # noqa: E731
     for a, b in zip(sorted(resumed, key=key), sorted(whole, key=key), strict=True):
         # the same tokens; log-probs to float rounding (another batch, other matmul shapes)

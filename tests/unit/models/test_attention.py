@@ -36,8 +36,8 @@ def test_ascend_gets_the_fused_attention_transformers_routes_flash_attention_2_t
 
 
 def test_never_flash_with_fp32(flash_installed):
-    """SFT used to pick flash-attention for any dtype; an fp32 run gets sdpa, and asking for
-    flash-attention in fp32 is refused before any work."""
+    """An fp32 run gets sdpa whatever is installed, and asking for flash-attention in fp32 is
+    refused before any work (flash kernels compute in bf16 / fp16 only)."""
     assert plan_attention(None, CUDA, FP32, True) == AttentionPlan("sdpa", False)
     assert plan_attention(None, NPU, FP32, True) == AttentionPlan("sdpa", False)
     with pytest.raises(ConfigError, match="computes in bf16 / fp16, but this run computes in "
@@ -59,20 +59,19 @@ def test_cpu_runs_sdpa_or_what_is_asked_and_never_flat(flash_absent):
 
 
 def test_train_offline_never_sends_a_dense_mask(tmp_path, tiny_model_dir, verified_dir):
-    """train-offline built a (B, 1, T, T) host mask for every packed micro-batch, whatever the
-    kernel (and flash-attention's unpadding code then got it); now none, one flat row when the
-    kernel is varlen."""
-    from reasoner import train_offline as T
+    """train-offline's packed micro-batches carry no mask (position ids keep the samples apart):
+    never a (B, 1, T, T) host mask, and one flat row when the kernel is varlen."""
     from reasoner.config import OfflineConfig
     from reasoner.models import load_tokenizer
+    from reasoner.rl.rollouts import Batching, load_rollouts
 
     cfg = OfflineConfig.model_validate({
         "model": {"name_or_path": str(tiny_model_dir)}, "input_dir": str(verified_dir),
         "output_dir": str(tmp_path), "seq_len": 256, "max_tokens": 256})
-    data = T.load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
+    data = load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
     for varlen in (False, True):
-        rows = T.Rows.of(cfg, varlen)
-        mb = T.micro_batches(list(range(6)), data, rows)[0]
-        batch = T._collate(data, mb, rows, 0)
+        batching = Batching.of(cfg, 0, varlen)
+        mb = batching.micro_batches(list(range(6)), data)[0]
+        batch = batching.collate(data, mb)
         assert batch.attention_mask is None
         assert batch.input_ids.shape[0] == (1 if varlen else len(mb))

@@ -54,9 +54,10 @@ def straight_through_reference(h, w, t, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_under_autocast_backward_is_the_gradient_of_what_forward_returned(dtype):
-    """Backward recomputes the lm-head product; it must do so in the forward's precision. In
-    fp32 (as before) its softmax is not the one whose log-sum-exp the forward returned, and a
-    confident token's gradient was off by several percent (bf16) against the fp64 reference."""
+    """Backward recomputes the lm-head product in the forward's precision, so its softmax is
+    the one whose log-sum-exp the forward returned: the gradient is that of the returned value
+    against the fp64 reference (recomputed in fp32, a confident token's gradient is several
+    percent off in bf16)."""
     g = torch.Generator().manual_seed(1)
     h = (3 * torch.randn(48, 64, generator=g)).requires_grad_()
     w = torch.randn(300, 64, generator=g).requires_grad_()

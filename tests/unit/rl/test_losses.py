@@ -57,6 +57,42 @@ def test_clipped_pg_hand_computed():
     assert seq.item() == pytest.approx((-1.28 + (0.8 + 1.0) / 2) / 2)
 
 
+def test_the_dual_clip_bounds_a_negative_advantage_and_keeps_the_gradient_finite():
+    """rho = 5 with A = -1 costs 5 without the dual clip, clip_ratio_c x |A| = 3 with it (and
+    no gradient); a positive advantage is untouched (-1.28, clipped above); a log-prob gap of
+    90 (rho = inf in float) costs 3 too, with a finite, zero gradient (inf without the
+    bound)."""
+    logp = torch.tensor([math.log(5.0), math.log(5.0), 90.0], requires_grad=True)
+    old = torch.zeros(3)
+    adv = torch.tensor([-1.0, 1.0, -2.0])
+    idx = torch.tensor([0, 1, 2])
+    loss, m = L.clipped_pg_loss(logp, old, adv, idx, 0.2, 0.28, "token-mean",
+                                clip_ratio_c=3.0)
+    assert loss.item() == pytest.approx((3.0 - 1.28 + 6.0) / 3)
+    assert m["dual_clip_frac"] == pytest.approx(2 / 3)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert grad.tolist() == [0.0, 0.0, 0.0]  # every token clipped: no gradient, and no NaN
+    unbounded, _ = L.clipped_pg_loss(logp[:2], old[:2], adv[:2], idx[:2], clip_ratio_c=None)
+    assert unbounded.item() == pytest.approx((5.0 - 1.28) / 2)
+    # below the bound the dual clip changes nothing: rho = 2, A = -1 costs 2
+    two, _ = L.clipped_pg_loss(torch.tensor([math.log(2.0)]), torch.zeros(1), torch.tensor([-1.0]),
+                               torch.tensor([0]))
+    assert two.item() == pytest.approx(2.0)
+
+
+def test_token_rm_loss_hand_computed():
+    """BCE of sigmoid(mean token score) against R > 0, a sample's mean over its tokens: sample
+    0 (R = +1) has mean score 1, sample 1 (R = -1) mean 0."""
+    scores = torch.tensor([0.5, 1.5, 2.0, -2.0])
+    idx = torch.tensor([0, 0, 1, 1])
+    loss, m = L.token_rm_loss(scores, idx, torch.tensor([1.0, -1.0]))
+    pos, neg = -math.log(1 / (1 + math.exp(-1.0))), -math.log(1 - 0.5)
+    assert loss.item() == pytest.approx((pos + neg) / 2) and m["rm_bce"] == pytest.approx(
+        (pos + neg) / 2)
+    share, _ = L.token_rm_loss(scores[:2], idx[:2], torch.tensor([1.0]), global_samples=4)
+    assert share.item() == pytest.approx(pos / 4)
+
+
 def test_kl_estimators_hand_computed():
     logp, ref = torch.tensor([0.0]), torch.log(torch.tensor([0.5]))
     d = math.log(2)
@@ -115,7 +151,8 @@ def naive(kind: str, b: dict) -> torch.Tensor:
         for t, i in enumerate(idx):
             ratio = torch.exp(logp[t] - b["old"][t])
             a = b["adv"][i]
-            out.append(max(-ratio * a, -torch.clamp(ratio, 0.8, 1.28) * a))
+            term = max(-ratio * a, -torch.clamp(ratio, 0.8, 1.28) * a)
+            out.append(min(term, -3.0 * a) if a < 0 else term)  # the dual clip, c = 3
         return sum(out) / len(out)
     if kind == "oreal":
         total = 0

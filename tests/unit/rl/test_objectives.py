@@ -1,10 +1,10 @@
-"""Rollouts: divergence points, pcl's negative scopes and the per-sample training signal."""
+"""Objectives: divergence points, pcl's negative scopes and the per-sample training signal."""
 
 import pytest
 import torch
 
 from reasoner.config import OfflineConfig
-from reasoner.rl.objectives import behaviour_logprobs, divergence, sample_signal, token_scope
+from reasoner.rl.objectives import divergence, sample_signal, token_scope
 from reasoner.rl.rollouts import Rollouts
 
 
@@ -31,7 +31,7 @@ def test_divergence_spares_shared_prefixes():
     assert divergence(r) == [0, 2, 0]
     obj = OfflineConfig.model_validate({"model": {"name_or_path": "x"}, "input_dir": "x",
                                         "output_dir": "x", "objective": {"neg_scope": "first"}}).objective
-    assert token_scope(r, obj) == [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0]]
+    assert token_scope(obj, r) == [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0]]
 
 
 def test_pcl_signal_folds_in_neg_weight_balance_and_baseline():
@@ -50,27 +50,3 @@ def test_rft_and_oreal_train_on_the_reward_clipped_on_group_advantages():
     assert sample_signal(objective(name="rft"), r).tolist() == [1.0, -1.0, 1.0]
     assert sample_signal(objective(name="oreal"), r).tolist() == [1.0, -1.0, 1.0]
     assert sample_signal(objective(name="dapo", advantage="rloo"), r).tolist() == [2.0, -2.0, 0.0]
-
-
-def test_behaviour_logprobs_are_recomputed_unless_sampled_as_scored():
-    """Stored log-probs are of logits/T after top-k/top-p; the policy is scored at
-    logprob_temperature over the whole vocabulary: only a match gives ratio 1 at theta_old."""
-    from types import SimpleNamespace
-
-    from reasoner.config import DAPOObjective, PCLObjective
-    from reasoner.errors import TrainingError
-
-    stored = SimpleNamespace(old_logp=[[-0.1]], keys=[("p", 0)])
-    plain = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    truncated = {"temperature": 0.6, "top_k": 40, "top_p": 0.95}
-    assert behaviour_logprobs(DAPOObjective(), stored, plain) == (False, "stored by infer")
-    recompute, why = behaviour_logprobs(DAPOObjective(), stored, truncated)
-    assert recompute and "temperature 0.6" in why and "top_k 40" in why
-    assert behaviour_logprobs(DAPOObjective(), stored, None)[0]  # settings unknown: recompute
-    at_06 = DAPOObjective(logprob_temperature=0.6, old_logprobs="samples")
-    assert behaviour_logprobs(at_06, stored, truncated) == (
-        False, "stored by infer (sampled with top_k 40 / top_p 0.95, which truncate the "
-        "distribution: the ratio is below 1 at theta_old)")
-    with pytest.raises(TrainingError, match="logprob_temperature=0.6"):
-        behaviour_logprobs(DAPOObjective(old_logprobs="samples"), stored, truncated)
-    assert behaviour_logprobs(PCLObjective(), stored, truncated) == (False, "not used")

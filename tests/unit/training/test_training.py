@@ -25,8 +25,8 @@ def test_lr_warmup_then_cosine_to_min_lr():
     assert {schedule.lr_at(s, 5, flat) for s in range(5)} == {2.0}
 
 
-class _Run:
-    """The parts of training.Run that `accumulate` reads."""
+class _State:
+    """The parts of training.TrainState that `accumulate` reads."""
 
     def __init__(self):
         self.dist, self.device, self.policy = DistInfo(), torch.device("cpu"), torch.nn.Linear(1, 1)
@@ -34,17 +34,17 @@ class _Run:
 
 
 def test_accumulate_sums_weights_means_skips_nan_and_keeps_extremes():
-    outs = [training.MicroOut({"loss": 0.25, "tokens": 10}, {"geo": 0.5, "ratio_max": 1.5,
-                                                            "ratio_min": 0.9}, 0.25),
-            training.MicroOut({"loss": 0.5, "tokens": 30}, {"geo": math.nan, "ratio_max": 1.1,
-                                                           "ratio_min": 0.7}, 0.75)]
+    outs = [training.MicroOut({"loss": 0.25, "tokens": 10}, {"geo": 0.5}, 0.25,
+                              {"ratio_max": 1.5}, {"ratio_min": 0.9}),
+            training.MicroOut({"loss": 0.5, "tokens": 30}, {"geo": math.nan}, 0.75,
+                              {"ratio_max": 1.1}, {"ratio_min": 0.7})]
     seen = []
 
     def step(mb, scale):
         seen.append((mb, scale))
         return outs[mb]
 
-    m = training.accumulate(_Run(), [0, 1], step, dummy=0)
+    m = training.accumulate(_State(), [0, 1], step, dummy=0)
     assert seen == [(0, 1.0), (1, 1.0)]
     assert m["loss"] == 0.75 and m["tokens"] == 40
     assert m["geo"] == 0.5  # the NaN micro-batch (no positives) does not pull it towards 0
@@ -56,7 +56,7 @@ def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_pas
     scale 0 (collectives inside FSDP would hang otherwise); their metrics count for nothing."""
     from reasoner import device as dev
 
-    run = _Run()
+    run = _State()
     run.dist = DistInfo(rank=1, world_size=2)
     reduced = []
 
@@ -84,14 +84,15 @@ def make_run(tmp_path, max_skipped=2):
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return training.Run(OptimConfig(max_skipped_steps=max_skipped), RunConfig(), tmp_path,
-                        torch.device("cpu"), DistInfo(), torch.float32, None, model, model, opt,
-                        sched, 10, 0, {}, runlog.MetricsLog(tmp_path / "m.jsonl", [], {}, False))
+    return training.TrainState(OptimConfig(max_skipped_steps=max_skipped), RunConfig(), tmp_path,
+                               torch.device("cpu"), DistInfo(), torch.float32, None, model, model,
+                               opt, sched, 10, 0, {},
+                               runlog.MetricsLog(tmp_path / "m.jsonl", [], {}, False))
 
 
 def test_a_non_finite_gradient_norm_skips_the_step_and_too_many_stop_the_run(tmp_path):
-    """bf16 / fp32 steps used to be applied with an inf / NaN gradient norm (fp16 alone had
-    its scaler), and such a state could then be saved as the last good checkpoint."""
+    """In every precision a step whose gradient norm is inf / NaN is skipped, unapplied (so such
+    a state is never saved as the last good checkpoint), and too many in a row stop the run."""
     from reasoner.errors import TrainingError
 
     run = make_run(tmp_path)
@@ -123,8 +124,8 @@ def test_a_non_finite_gradient_norm_skips_the_step_and_too_many_stop_the_run(tmp
 @pytest.mark.slow
 def test_gradients_stay_sharded_between_micro_batches(tmp_path):
     """Two gloo processes, three micro-batches: after each one's backward every FSDP2-sharded
-    parameter holds its gradient shard. With sync off until the last micro-batch (as before),
-    FSDP2 held a whole unsharded fp32 gradient per device meanwhile: ~124 GB at 32B."""
+    parameter holds its gradient shard (with sync off until the last micro-batch, FSDP2 would
+    hold a whole unsharded fp32 gradient per device meanwhile: ~124 GB at 32B)."""
     from pathlib import Path
 
     from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes

@@ -1,4 +1,5 @@
 import pytest
+from tests_helpers import quiet
 
 from reasoner import infer, shards, verify
 from reasoner.config import InferConfig, VerifyConfig
@@ -51,18 +52,18 @@ def test_prompt_template_renders_with_latex_braces(tmp_path):
 def test_judge_end_to_end_with_tiny_model(tmp_path, synth_dir, tiny_model_dir):
     from pathlib import Path
 
-    samples = infer.run(InferConfig.model_validate({
+    samples = infer.run(quiet(InferConfig.model_validate({
         "model": {"name_or_path": str(tiny_model_dir)},
         "data": {"path": str(synth_dir / "test_problems"), "limit": 3},
         "output_dir": str(tmp_path / "samples"), "backend": "hf",
-        "sampling": {"n": 2, "max_tokens": 8}}), progress=False)
+        "sampling": {"n": 2, "max_tokens": 8}})))
     prompt = Path(__file__).resolve().parents[3] / REPO_PROMPT
     cfg = VerifyConfig.model_validate({
         "input_dir": str(samples), "output_dir": str(tmp_path / "verified"), "mode": "both",
         "judge": {"model": {"name_or_path": str(tiny_model_dir)}, "backend": "hf",
                   "prompt_file": str(prompt), "max_tokens": 6, "retries": 1},
         "filters": {"drop_zero_variance": False}})
-    out = verify.run(cfg, progress=False)
+    out = verify.run(quiet(cfg))
     rows = list(shards.iter_rows(out))
     assert len(rows) == 6
     for r in rows:
@@ -146,11 +147,11 @@ def test_judge_verdicts_are_written_as_they_arrive_and_resume(tmp_path, synth_di
     import reasoner.infer
     from reasoner.models import load_tokenizer
 
-    samples = infer.run(InferConfig.model_validate({
+    samples = infer.run(quiet(InferConfig.model_validate({
         "model": {"name_or_path": str(tiny_model_dir)},
         "data": {"path": str(synth_dir / "test_problems"), "limit": 3},
         "output_dir": str(tmp_path / "samples"), "backend": "hf",
-        "sampling": {"n": 2, "max_tokens": 4}}), progress=False)
+        "sampling": {"n": 2, "max_tokens": 4}})))
     cfg = VerifyConfig.model_validate({
         "input_dir": str(samples), "output_dir": str(tmp_path / "verified"), "mode": "judge",
         "judge": {"model": {"name_or_path": str(tiny_model_dir)}, "backend": "hf", "batch_size": 2,
@@ -161,7 +162,7 @@ def test_judge_verdicts_are_written_as_they_arrive_and_resume(tmp_path, synth_di
     first = ScriptedJudge(tok, crash_after=4)
     monkeypatch.setattr(reasoner.infer, "make_generator", lambda *a, **kw: first)
     with pytest.raises(RuntimeError, match="judge node lost"):
-        verify.run(cfg, progress=False)
+        verify.run(quiet(cfg))
     assert first.calls == [(6, 0.0)]
     kept = list(shards.iter_rows(tmp_path / "verified" / verify.VERDICTS))
     # four replies came, in reverse order: problem 2 sample 1 (unparseable: held for a retry),
@@ -169,7 +170,7 @@ def test_judge_verdicts_are_written_as_they_arrive_and_resume(tmp_path, synth_di
     assert sorted((r["sample_idx"], r["judge_verdict"]) for r in kept) == [(0, "correct")] * 2
     second = ScriptedJudge(tok)
     monkeypatch.setattr(reasoner.infer, "make_generator", lambda *a, **kw: second)
-    out = verify.run(cfg, progress=False)
+    out = verify.run(quiet(cfg))
     assert second.calls == [(4, 0.0), (3, 0.7)]
     rows = list(shards.iter_rows(out / verify.VERDICTS))
     assert sorted((r["sample_idx"], r["judge_verdict"]) for r in rows) == (

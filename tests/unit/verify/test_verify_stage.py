@@ -1,4 +1,5 @@
 import pytest
+from tests_helpers import quiet
 
 from reasoner import infer, shards, verify
 from reasoner.config import InferConfig, VerifyConfig
@@ -7,11 +8,10 @@ from reasoner.config import InferConfig, VerifyConfig
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory, synth_dir, tiny_model_dir):
     out = tmp_path_factory.mktemp("samples")
-    return infer.run(InferConfig.model_validate({
+    return infer.run(quiet(InferConfig.model_validate({
         "model": {"name_or_path": str(tiny_model_dir)},
         "data": {"path": str(synth_dir / "test_problems"), "limit": 4},
-        "output_dir": str(out), "backend": "hf", "sampling": {"n": 3, "max_tokens": 10}}),
-        progress=False)
+        "output_dir": str(out), "backend": "hf", "sampling": {"n": 3, "max_tokens": 10}})))
 
 
 def cfg(samples, out, **kw):
@@ -24,14 +24,14 @@ def test_resume_does_not_reverify_finished_samples(tmp_path, samples):
     rows = list(shards.iter_rows(samples))
     # a first run was killed after verifying two samples (planted verdicts a fresh check would
     # not give: the tiny random model never answers correctly)
-    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": False})))
     folder = out / verify.VERDICTS
     shards.reset_parts(folder)
     planted = [{"id": r["id"], "sample_idx": r["sample_idx"], "extracted": r["answer"],
                 "rule_verdict": "correct"} for r in rows[:2]]
     shards.write_rows(folder, planted)
     shards.update_manifest(out, complete=False)
-    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": False})))
     got = {(r["id"], r["sample_idx"]): r for r in shards.iter_rows(out)}
     assert len(got) == 12
     verdicts = {(v["id"], v["sample_idx"]): v for v in shards.iter_rows(folder)}
@@ -49,10 +49,10 @@ def test_resume_does_not_reverify_finished_samples(tmp_path, samples):
 
 def test_filter_change_reuses_verdicts_and_rows_are_complete(tmp_path, samples):
     out = tmp_path / "v"
-    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": False})))
     verdict_part = shards.part_path(out / verify.VERDICTS, 0)
     before = verdict_part.read_bytes()
-    verify.run(cfg(samples, out, filters={"drop_zero_variance": True}), progress=False)
+    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": True})))
     assert verdict_part.read_bytes() == before
     manifest = shards.read_manifest(out)
     assert manifest["complete"] and manifest["counts"]["samples"] == 0  # all wrong: dropped
@@ -61,7 +61,7 @@ def test_filter_change_reuses_verdicts_and_rows_are_complete(tmp_path, samples):
     assert stats["counts"]["verified_this_run"] == 0  # verdicts reused
     rows = list(shards.iter_rows(cfg(samples, out).output_dir))
     assert rows == []
-    verify.run(cfg(samples, out, filters={"drop_zero_variance": False}), progress=False)
+    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": False})))
     from reasoner.config import TemplateConfig
     from reasoner.data.template import think_span
     from reasoner.models import load_tokenizer
@@ -82,4 +82,4 @@ def test_incomplete_input_is_refused(tmp_path, samples):
 
 def test_judge_mode_without_model_is_a_clear_error(tmp_path, samples):
     with pytest.raises(ValueError, match="judge.model.name_or_path"):
-        verify.run(cfg(samples, tmp_path / "v", mode="judge"), progress=False)
+        verify.run(quiet(cfg(samples, tmp_path / "v", mode="judge")))

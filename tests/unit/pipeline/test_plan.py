@@ -1,35 +1,13 @@
-"""`reasoner plan`: parameter counts exact, per-stage verdicts on the shipped 32B recipe."""
+"""`reasoner plan`: per-stage verdicts on the shipped 32B recipe, the vocabulary layout it picks."""
 
 from pathlib import Path
 
 import pytest
 
-from reasoner.pipeline import memory as plan
+from reasoner.pipeline import plan
 
 REPO = Path(__file__).resolve().parents[3]
 PCL = REPO / "configs" / "pcl_reasoner_v1_5" / "recipe.yaml"
-
-
-@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-32B", "Qwen/Qwen3-32B",
-                                  "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"])
-def test_parameter_counts_equal_the_models_own(name):
-    import torch
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    c = dict(plan.KNOWN[name])
-    model_type = c.pop("model_type", "qwen2")
-    config = AutoConfig.for_model(model_type, **c)
-    with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    assert plan.shape_of(name).params == sum(p.numel() for p in model.parameters())
-
-
-def test_the_tiny_models_count(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    assert plan.count_parameters(tiny_model_dir) == sum(p.numel() for p in model.parameters())
 
 
 def test_pcl_on_64_npus_of_64_gib_fits_as_pcl_ran_it_and_not_with_fsdp_alone():

