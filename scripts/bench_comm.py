@@ -51,8 +51,8 @@ def worker(layout: str, out: str) -> None:
 
     from reasoner import device as dev
     from reasoner.models.fsdp import shard_modules
-    from reasoner.models.vocab_layout import VocabSplit
     from reasoner.models.logprobs import PolicyLogprobs
+    from reasoner.models.vocab_layout import VocabSplit
 
     counted = {"vocab": 0.0, "other": 0.0}
     vocab_numels: set[int] = set()

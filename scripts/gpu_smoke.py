@@ -103,8 +103,8 @@ def bf16_policy(device):
     import torch.distributed as dist
 
     from reasoner.models.fsdp import shard_modules
-    from reasoner.models.vocab_layout import VocabSplit
     from reasoner.models.logprobs import PolicyLogprobs
+    from reasoner.models.vocab_layout import VocabSplit
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29677", RANK="0", WORLD_SIZE="1")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -27,14 +27,14 @@ def shared_eval_rows(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def torchrun_two_processes(*target: str) -> list[str]:
+def torchrun_two_processes(*target: str, processes: int = 2) -> list[str]:
     """The command line of torchrun with two processes (gloo on a CPU) running `target` (a
     script and its arguments, or `-m module ...`), on a free port: under pytest-xdist two such
     tests can run at once, and a fixed port would be taken by the first."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
             f"--master_port={port}", *map(str, target)]
 
 
@@ -58,12 +58,30 @@ def reasoner(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
-def reasoner_jobs_on_two_processes(jobs: list[list], folder: Path) -> list[str]:
+def reasoner_jobs_on_two_processes(jobs: list[list], folder: Path, processes: int = 2
+                                   ) -> list[str]:
     """The command line that runs every `reasoner` job of `jobs` in turn on one torchrun of two
-    processes (tests/two_process_jobs.py); the job list is written into `folder`."""
-    spec = folder / "two_process_jobs.json"
+    processes (tests/two_process_jobs.py); the job list is written into `folder`. A job
+    `["--cut", FOLDER, COPY, STEP]` copies a finished training folder as a run killed after
+    checkpoint STEP would have left it (rank 0; the others wait)."""
+    spec = folder / f"jobs-{len(list(folder.glob('jobs-*.json')))}.json"
     spec.write_text(json.dumps([[str(a) for a in job] for job in jobs]))
-    return torchrun_two_processes(Path(__file__).with_name("two_process_jobs.py"), spec)
+    return torchrun_two_processes(Path(__file__).with_name("two_process_jobs.py"), spec,
+                                  processes=processes)
+
+
+def cut_after(folder: Path, copy: Path, step: int) -> None:
+    """`copy`: `folder` (a finished training run) as if killed right after checkpoint-`step`:
+    later checkpoints and final/ gone, the manifest not complete."""
+    import shutil
+
+    shutil.copytree(folder, copy)
+    for ckpt in copy.glob("checkpoint-*"):
+        if int(ckpt.name.split("-")[1]) > step:
+            shutil.rmtree(ckpt)
+    shutil.rmtree(copy / "final")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
 
 
 def leave_process_group() -> None:

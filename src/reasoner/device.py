@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,13 +75,33 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 @dataclass(frozen=True)
 class DistInfo:
+    """This process's place: its rank among `world_size`, and its sequence-parallel group (the
+    `sp_size` consecutive ranks sharing each row; models.sequence_parallel). Data is split over
+    the `dp_size` groups: every member of a group gets the same rows."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    sp_size: int = 1
+    sp_group: Any = field(default=None, compare=False, repr=False)  # a torch process group
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def sp_rank(self) -> int:
+        """This process's place within its sequence-parallel group."""
+        return self.rank % self.sp_size
+
+    @property
+    def dp_rank(self) -> int:
+        """Which data-parallel share of each global batch this process (and its group) gets."""
+        return self.rank // self.sp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.sp_size
 
 
 @dataclass(frozen=True)
@@ -92,14 +113,21 @@ class Env:
     dtype: torch.dtype
 
 
-def init_distributed(device: torch.device, timeout_min: float = 60.0) -> DistInfo:
+def init_distributed(device: torch.device, timeout_min: float = 60.0,
+                     sequence_parallel: int = 1) -> DistInfo:
     """Join the process group torchrun set up (nccl / hccl / gloo); a no-op for one process.
 
     `timeout_min` bounds every collective and barrier. NCCL's default is 10 minutes, shorter
     than the work one rank does while the others wait at a barrier: tokenizing a 666K-row SFT
     set, merging the reference log-probs, copying the final checkpoint (run.dist_timeout_min).
+    `sequence_parallel`: the size of the groups of consecutive ranks that share each row (one
+    process group each; every rank creates every group, as torch requires).
     """
     world = int(os.environ.get("WORLD_SIZE", 1))
+    if world % sequence_parallel:
+        raise InputError(
+            f"run.sequence_parallel={sequence_parallel} does not divide the {world} processes "
+            "into whole groups: launch a multiple of it (torchrun --nproc-per-node), or lower it")
     if world == 1:
         return DistInfo()
     import datetime
@@ -109,7 +137,14 @@ def init_distributed(device: torch.device, timeout_min: float = 60.0) -> DistInf
     if not dist.is_initialized():
         backend = {"cuda": "nccl", "npu": "hccl"}.get(device.type, "gloo")
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    rank, group = dist.get_rank(), None
+    if sequence_parallel > 1:
+        for first in range(0, world, sequence_parallel):
+            made = dist.new_group(list(range(first, first + sequence_parallel)))
+            if first <= rank < first + sequence_parallel:
+                group = made
+    return DistInfo(rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)),
+                    sequence_parallel, group)
 
 
 def check_same_folder(folder: Path, dist: DistInfo, device: torch.device,

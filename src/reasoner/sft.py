@@ -30,6 +30,7 @@ from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
 from reasoner.models.attention import plan_attention
+from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import vocab_split
 from reasoner.records import SFTExample
 from reasoner.runlog import check_sinks, progress_bar
@@ -144,7 +145,7 @@ def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
 def micro_batches(rows: list[int], cfg: SFTConfig, dist: dev.DistInfo,
                   lengths: list[int]) -> list[list[int]]:
     """This process's micro-batches of a global batch (the trainer evens out the count)."""
-    mine = rows[dist.rank::dist.world_size]
+    mine = rows[dist.dp_rank::dist.dp_size]  # a sequence-parallel group shares its rows
     if not cfg.packing:  # length-grouped: little padding inside each micro-batch
         mine = sorted(mine, key=lambda r: lengths[r])
     mb = cfg.run.micro_batch
@@ -172,7 +173,8 @@ def run(cfg: SFTConfig) -> Path:
     check_sinks(cfg.run.tracking)
     env = training.setup(cfg.model, cfg.run, out)
     device, dist, dtype = env.device, env.dist, env.dtype
-    attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing)
+    attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing,
+                          SequenceGroup.of(dist))
     tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
     rows = plan_rows(data, cfg)

@@ -29,6 +29,7 @@ from reasoner import models, shards, training
 from reasoner.config import ObjectiveConfig, OfflineConfig, dump
 from reasoner.device import Env
 from reasoner.models.attention import plan_attention
+from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit, vocab_split
 from reasoner.rl import behaviour, objectives, reference, token_rm
 from reasoner.rl.auxiliary import Auxiliary
@@ -68,7 +69,7 @@ def run(cfg: OfflineConfig) -> Path:
         for step in range(state.first_step, state.total_steps):
             last = train_step(state, step, micro, train_idx, aux)
             if aux.plateau is not None and (step + 1) % obj.val_every == 0:
-                last.update(validate(state, data, val_idx, aux, ready.batching.pad))
+                last.update(validate(state, data, val_idx, aux, ready.batching, env))
             state.tokens += last.pop("tokens")
             last = training.end_step(state, step, last, f"loss {last['loss']:.4f}",
                                      aux.trainer_state)
@@ -114,31 +115,32 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
     reference log-probs, cached in the output folder), and load what training continues from.
     With several processes every model here is sharded as it loads."""
     obj, out = cfg.objective, Path(cfg.output_dir)
-    attn = plan_attention(cfg.model.attn_implementation, env.device, env.dtype, cfg.packing)
+    attn = plan_attention(cfg.model.attn_implementation, env.device, env.dtype, cfg.packing,
+                          SequenceGroup.of(env.dist))
     vocab = vocab_split(cfg, env, obj.resident_bytes_per_param)
 
     def load(source: str | Path) -> training.Loaded:
         return training.load_policy(cfg.model, source, env, cfg.run.logprob_chunk,
                                     obj.logprob_temperature, attn.implementation, vocab)
 
+    batching = Batching.of(cfg, pad, attn.varlen)
     starting = load(cfg.model.name_or_path)
     starting.policy.eval()
     recompute, said = behaviour.behaviour_logprobs(obj, data, sampling_of(cfg.input_dir))
     gap: dict[str, float] = {}
     if obj.needs_old_logprobs and not recompute:  # the stored ones will be pi_old: check them
-        recompute, said, gap = behaviour.check_behaviour(obj, data, starting.policy, pad,
-                                                         env.device, env.dtype, said)
+        recompute, said, gap = behaviour.check_behaviour(obj, data, starting.policy, batching,
+                                                         env, said)
     start_lp = None
     if recompute or (obj.needs_reference and cfg.reference is None):
         start_lp = reference.starting_logprobs(out / "ref_logprobs", str(cfg.input_dir),
-                                               starting.policy, data, pad, env.device, env.dtype,
-                                               env.dist)
+                                               starting.policy, data, batching, env)
     ref_lp = start_lp
     if obj.needs_reference and cfg.reference is not None:  # a fixed anchor, not the start
         anchor = load(cfg.reference).policy.eval()
         ref_lp = reference.starting_logprobs(out / "anchor_logprobs",
                                              f"{cfg.input_dir} scored by {cfg.reference}", anchor,
-                                             data, pad, env.device, env.dtype, env.dist)
+                                             data, batching, env)
         del anchor
     if ckpt is not None:
         trained = load(ckpt)
@@ -148,8 +150,8 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
         trained = starting
     inputs = Inputs(objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
                     start_lp if recompute else data.old_logp, ref_lp, said, gap)
-    return Ready(trained, inputs, Batching.of(cfg, pad, attn.varlen),
-                 starting.policy if obj.resident_reference else None, attn.implementation, vocab)
+    return Ready(trained, inputs, batching, starting.policy if obj.resident_reference else None,
+                 attn.implementation, vocab)
 
 
 def _flat(values: Sequence[list[float]] | None, index: list[int], device: torch.device
@@ -211,7 +213,7 @@ def train_step(state: training.TrainState, step: int, micro: MicroStep, samples:
                           tokens=sum(data.resp_len(i) for i in batch_idx),
                           pos_tokens=sum(data.resp_len(i) for i in batch_idx
                                          if data.rewards[i] > 0))
-    mbs = micro.batching.micro_batches(batch_idx[dist.rank::dist.world_size], data)
+    mbs = micro.batching.micro_batches(batch_idx[dist.dp_rank::dist.dp_size], data)
     m = training.accumulate(state, mbs, lambda rows, scale: micro(state.policy, rows, counts,
                                                                   scale),
                             dummy=[[batch_idx[0]]])
@@ -223,10 +225,9 @@ def train_step(state: training.TrainState, step: int, micro: MicroStep, samples:
 
 
 def validate(state: training.TrainState, data: Rollouts, samples: list[int], aux: Auxiliary,
-             pad: int) -> dict[str, float]:
+             batching: Batching, env: Env) -> dict[str, float]:
     """ProRL's held-out check: the validation margin, and a reset when it has stalled."""
-    margin = reference.validation_margin(state.policy, data, samples, pad, state.device,
-                                         state.dtype)
+    margin = reference.validation_margin(state.policy, data, samples, batching, env)
     if aux.plateau.update(margin):
         reference.reset(state.policy, aux.reference, state.optimizer)
     return {"val_margin": margin, "resets": aux.plateau.resets}

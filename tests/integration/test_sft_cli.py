@@ -81,7 +81,8 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir):
     fp16 steps with loss scaling. Returns the folder holding `whole` and `fp16`."""
     root = tmp_path_factory.mktemp("sft_two_process")
     jobs = [args(synth_dir, tiny_model_dir, root / "whole", *SHARDED),
-            args(synth_dir, tiny_model_dir, root / "fp16", *FP16_BACKOFF)]
+            args(synth_dir, tiny_model_dir, root / "fp16", *FP16_BACKOFF),
+            args(synth_dir, tiny_model_dir, root / "sp", *SHARDED, "run.sequence_parallel=2")]
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
                           text=True, timeout=1200, env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -93,11 +94,15 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir):
 def test_two_processes_match_one(tmp_path, synth_dir, tiny_model_dir, two_process_runs):
     one = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "one", *SHARDED))
     assert one.returncode == 0, one.stderr
-    two = two_process_runs / "whole"
-    assert same(weights(tmp_path / "one" / "final"), weights(two / "final"), atol=1e-5)
-    # Adam hides a gradient off by a constant factor from the weights; the norm does not
-    norms = [[r["grad_norm"] for r in metrics_rows(folder)] for folder in (tmp_path / "one", two)]
-    assert norms[1] == pytest.approx(norms[0], rel=1e-4)
+    # data-parallel (each process its rows), and sequence-parallel (both share every row)
+    for two in (two_process_runs / "whole", two_process_runs / "sp"):
+        assert same(weights(tmp_path / "one" / "final"), weights(two / "final"), atol=1e-5)
+        # Adam hides a gradient off by a constant factor from the weights; the norm does not
+        norms = [[r["grad_norm"] for r in metrics_rows(f)] for f in (tmp_path / "one", two)]
+        assert norms[1] == pytest.approx(norms[0], rel=1e-4)
+        # the loss and token counts are the global batch's, once, however the work was split
+        losses = [[r["loss"] for r in metrics_rows(f)] for f in (tmp_path / "one", two)]
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
 
 
 @pytest.mark.slow

@@ -60,7 +60,9 @@ OBJECTIVES = [
     "{name: dapo, kl_coef: 0.01} optim.eps=1e-3",
     "{name: prorl, kl_coef: 0.01, reset_every: 2} optim.eps=1e-3",  # a resident, sharded
     # reference; resets
-    "{name: discounted, kl_coef: 0.01, ref_update_every: 1}",  # moving average, shard by shard
+    # moving average, shard by shard (eps 1e-3 for the sequence-parallel run: 1.8e-5 apart at
+    # 1e-8, the same rounding in near-zero gradients as dapo's above)
+    "{name: discounted, kl_coef: 0.01, ref_update_every: 1} optim.eps=1e-3",
     # OREAL at AdamW's default eps 1e-8 is left out: a fresh token RM's weights clip(2p - 1) ~ 0
     # leave near-zero policy gradients, which AdamW turns into lr-sized steps whose sign follows
     # float rounding, so whether 1 and 2 processes agree depends on the CPU (3e-4 apart on one
@@ -72,6 +74,12 @@ OBJECTIVES = [
 def overrides(objective: str) -> list[str]:
     objective, *extra = objective.split(" optim.")
     return ["run.max_steps=3", f"objective={objective}", *(f"optim.{e}" for e in extra)]
+
+
+# The objectives also run with sequence parallelism (run.sequence_parallel=2: both processes
+# share every packed row): the per-sample terms (pcl's geometric mean, discounted's and dapo's
+# sequence-level pieces, OREAL's token RM) span the two slices. Indices into OBJECTIVES.
+SEQUENCE_PARALLEL = [0, 1, 3, 4]
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +96,15 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_shape, tiny_model_dir, ve
         model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
     jobs = [args(tiny_model_dir, verified_dir, root / str(k) / "two", *overrides(o))
             for k, o in enumerate(OBJECTIVES)]
+    jobs += [args(tiny_model_dir, verified_dir, root / str(k) / "sp", *overrides(OBJECTIVES[k]),
+                  "run.sequence_parallel=2") for k in SEQUENCE_PARALLEL]
+    def resumable(out):  # dapo under sequence parallelism, checkpointed every 2 of 4 steps
+        return args(tiny_model_dir, verified_dir, out, *overrides(OBJECTIVES[1]),
+                    "run.sequence_parallel=2", "run.max_steps=4", "run.save_every=2",
+                    "run.keep_last=5")
+
+    jobs += [resumable(root / "sp-whole"), ["--cut", root / "sp-whole", root / "sp-cut", 2],
+             resumable(root / "sp-cut")]
     for layout in ("fsdp", "vocab-parallel"):
         jobs.append(args(untied, verified_dir, root / f"untied-{layout}" / "two",
                          *overrides("{name: pcl}"), f"run.vocab_layout={layout}"))
@@ -114,6 +131,11 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, two_pro
         assert sorted(p.name for p in aux.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     else:
         assert not aux.exists()
+    if case in SEQUENCE_PARALLEL:  # the same run with both processes sharing every row
+        sp = root / str(case) / "sp"
+        assert same(tmp_path / "one" / "final", sp / "final", 1e-5)
+        counts = json.loads((sp / "manifest.json").read_text())["counts"]
+        assert counts["processes"] == 2 and counts["sequence_parallel"] == 2
     refs = [tmp_path / "one" / "ref_logprobs", two / "ref_logprobs"]
     if refs[0].exists():
         from reasoner.shards import iter_rows, part_files
@@ -122,6 +144,37 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, two_pro
         lp = [{(r["id"], r["sample_idx"]): r["logprobs"] for r in iter_rows(f)} for f in refs]
         assert lp[0].keys() == lp[1].keys()
         assert all(lp[1][k] == pytest.approx(lp[0][k], abs=1e-5) for k in lp[0])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train-offline-two-processes")
+def test_a_sequence_parallel_run_resumes_to_the_uninterrupted_weights(two_process_runs):
+    """dapo with both processes sharing every row, killed after checkpoint-2 of 4 and resumed:
+    the same final weights as the run that was never interrupted."""
+    root, _ = two_process_runs
+    counts = json.loads((root / "sp-cut" / "manifest.json").read_text())["counts"]
+    assert counts["resumed_from"] == 2
+    assert same(root / "sp-whole" / "final", root / "sp-cut" / "final", 1e-6)
+
+
+@pytest.mark.slow
+def test_four_processes_two_rows_at_a_time_each_shared_by_two(tmp_path, tiny_model_dir,
+                                                              verified_dir):
+    """4 processes: 2 data-parallel groups of 2 sequence-parallel processes each (FSDP2 over all
+    4). A global batch of 5 samples, one per 256-token row (the fixture's shortest two do not
+    fit one row), gives the groups 3 and 2 micro-batches: the second runs a dummy pass. dapo
+    with a KL term ends with one process's weights."""
+    uneven = [*overrides(OBJECTIVES[1]), "run.global_batch=5", "run.micro_batch=1"]
+    one = reasoner(*args(tiny_model_dir, verified_dir, tmp_path / "one", *uneven))
+    assert one.returncode == 0, one.stderr
+    four = tmp_path / "four"
+    job = args(tiny_model_dir, verified_dir, four, *uneven, "run.sequence_parallel=2")
+    done = subprocess.run(reasoner_jobs_on_two_processes([job], tmp_path, processes=4),
+                          capture_output=True, text=True, timeout=1200, env=SUBPROCESS_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert same(tmp_path / "one" / "final", four / "final", 1e-5)
+    counts = json.loads((four / "manifest.json").read_text())["counts"]
+    assert (counts["processes"], counts["sequence_parallel"]) == (4, 2)
 
 
 @pytest.mark.slow

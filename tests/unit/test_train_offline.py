@@ -269,12 +269,17 @@ def test_stored_behaviour_logprobs_are_checked_against_the_trainers_own(tmp_path
                   objective={"name": "dapo", "old_logprobs": "samples"})
     tok = load_tokenizer(str(tiny_model_dir))
     data = load_rollouts(cfg, tok)
+    from reasoner.device import DistInfo, Env
+
     policy = PolicyLogprobs(AutoModelForCausalLM.from_pretrained(tiny_model_dir), 64).eval()
-    cpu, f32 = torch.device("cpu"), torch.float32
-    own = reference.response_logprobs(policy, data, list(range(len(data.ids))),
-                                      tok.pad_token_id, cpu, f32)
+    batching = Batching.of(cfg, tok.pad_token_id)
+    env = Env(torch.device("cpu"), DistInfo(), torch.float32)
+    everything = list(range(len(data.ids)))
+    scored = reference.score(policy, data, batching.micro_batches(everything, data), batching,
+                             env)
+    own = [scored[i] for i in everything]
     check = lambda obj, d: behaviour.check_behaviour(  # noqa: E731
-        obj, d, policy, tok.pad_token_id, cpu, f32, "stored by infer")
+        obj, d, policy, batching, env, "stored by infer")
     recompute, note, gap = check(cfg.objective, dataclasses.replace(data, old_logp=own))
     assert not recompute and gap["max_abs_diff"] < 1e-5 and abs(gap["ratio_mean"] - 1) < 1e-5
     assert note.startswith("stored by infer (stored vs trainer on 16 samples: mean |Δ| 0.0000")

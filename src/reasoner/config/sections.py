@@ -165,6 +165,11 @@ class RunConfig(Strict):
     dist_timeout_min: float = Field(
         60.0, gt=0, description="several processes: how long a collective or barrier may wait "
         "(NCCL's own default, 10, is shorter than one rank's tokenizing or checkpoint copy)")
+    sequence_parallel: int = Field(
+        1, ge=1, description="processes that share each packed row (Ulysses sequence "
+        "parallelism: each holds 1/N of the row's tokens, attention sees the whole row): "
+        "activations per process / N. Consecutive ranks, within a node; the model's query "
+        "heads must divide by N, and its key/value heads too (or N by them); needs packing")
     vocab_layout: Literal["auto", "vocab-parallel", "fsdp"] = Field(
         "auto", description="several processes: how the embedding and lm-head are split. "
         "vocab-parallel: each process keeps its rows and activations travel (traffic grows "

@@ -50,9 +50,9 @@ class TrainerConfig(Strict):
 
     @property
     def micro_batch_tokens(self) -> int:
-        """Token slots of one process's micro-batch (the memory plan's and the vocabulary
-        layout's unit)."""
-        return self.run.micro_batch * self.row_tokens
+        """Token slots one process computes per micro-batch: `micro_batch` rows, its
+        1/sequence_parallel of them (the memory plan's and the vocabulary layout's unit)."""
+        return -(-self.run.micro_batch * self.row_tokens // self.run.sequence_parallel)
 
     @model_validator(mode="after")
     def _fits_packed_rows(self) -> TrainerConfig:
@@ -61,6 +61,9 @@ class TrainerConfig(Strict):
             raise ValueError(f"max_tokens ({self.max_tokens}) is larger than seq_len "
                              f"({self.seq_len}) with packing: set seq_len >= max_tokens, lower "
                              "max_tokens, or packing=false")
+        if self.run.sequence_parallel > 1 and not self.packing:
+            raise ValueError(f"run.sequence_parallel={self.run.sequence_parallel} splits packed "
+                             "rows: set packing=true (or run.sequence_parallel=1)")
         return self
 
 

@@ -18,6 +18,8 @@ import torch
 
 from reasoner.device import flash_attention_available
 from reasoner.errors import ConfigError, DependencyError
+from reasoner.models import sequence_parallel
+from reasoner.models.sequence_parallel import SequenceGroup
 
 FLASH = "flash_attention_2"
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -26,13 +28,16 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 @dataclass(frozen=True)
 class AttentionPlan:
     implementation: str  # transformers' attn_implementation
-    varlen: bool  # packed rows go flat, one row per micro-batch, to a varlen kernel
+    varlen: bool  # packed rows go flat, one row per micro-batch (a varlen kernel, or split)
+    kernel: str = ""  # under sequence parallelism: the kernel the Ulysses attention calls
 
 
 def plan_attention(requested: str | None, device: torch.device, dtype: torch.dtype,
-                   packing: bool) -> AttentionPlan:
+                   packing: bool, sp: SequenceGroup | None = None) -> AttentionPlan:
     """The kernel for a trainer computing in `dtype` on `device` (`requested`: the config's
-    model.attn_implementation, None for the best available)."""
+    model.attn_implementation, None for the best available). With a sequence-parallel group
+    the model runs the Ulysses attention (models.sequence_parallel) around that kernel, on
+    flat rows."""
     flash_here = device.type == "npu" or flash_attention_available(device)
     if requested is None:
         implementation = FLASH if flash_here and dtype in LOW_PRECISION else "sdpa"
@@ -51,4 +56,6 @@ def plan_attention(requested: str | None, device: torch.device, dtype: torch.dty
         if device.type not in ("cuda", "npu"):
             raise ConfigError(f"model.attn_implementation={implementation} runs on CUDA or Ascend "
                               f"devices, not {device.type}: leave it out to use sdpa")
+    if sp is not None and sp.on:
+        return AttentionPlan(sequence_parallel.enable(sp, implementation), True, implementation)
     return AttentionPlan(implementation, packing and implementation.startswith("flash_attention"))

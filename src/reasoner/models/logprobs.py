@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from reasoner.models import sequence_parallel
 from reasoner.models.lm_head import compute_dtype, lowp_logits
+from reasoner.models.sequence_parallel import SequenceGroup
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
@@ -94,17 +96,30 @@ class PolicyLogprobs(nn.Module):
 
     vocab_layout = "whole"  # or how `fsdp.shard_modules` split the embedding and lm-head
 
-    def __init__(self, model: nn.Module, chunk_size: int = 4096, temperature: float = 1.0):
+    def __init__(self, model: nn.Module, chunk_size: int = 4096, temperature: float = 1.0,
+                 sp: SequenceGroup | None = None):
         super().__init__()
         self.model = model
         self.chunk_size = chunk_size
         self.temperature = temperature  # logits / T: score like the sampler at temperature T
+        self.sp = sp or SequenceGroup()  # sequence parallel: each process computes 1/size
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
                 labels: Tensor) -> Tensor:
-        """Log-probs (N,) of `labels` (B, T) at positions where labels >= 0, row-major order."""
+        """Log-probs (N,) of `labels` (B, T) at positions where labels >= 0, row-major order.
+        Sequence-parallel: every process of the group is given the whole flat micro-batch,
+        computes its slice, and returns the whole (N,) (models.sequence_parallel)."""
+        if not self.sp.on:
+            return self._logprobs(input_ids, position_ids, attention_mask, labels, {})
+        part = sequence_parallel.split(input_ids, position_ids, labels, self.sp)
+        local = self._logprobs(part.input_ids, part.position_ids, None, part.labels,
+                               part.attn_kwargs)  # (n,)
+        return sequence_parallel.gather(local, part, self.sp)  # (N,)
+
+    def _logprobs(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
+                  labels: Tensor, attn_kwargs: dict) -> Tensor:
         out = self.model.model(input_ids=input_ids, position_ids=position_ids,
-                               attention_mask=attention_mask, use_cache=False)
+                               attention_mask=attention_mask, use_cache=False, **attn_kwargs)
         hidden = out.last_hidden_state  # (B, T, H)
         keep = labels >= 0  # (B, T)
         h = hidden[keep] if self.temperature == 1.0 else hidden[keep] / self.temperature  # (N, H)

@@ -10,29 +10,47 @@ settings; `check_behaviour` scores the first samples with the starting policy an
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
+from reasoner import device as dev
 from reasoner.config import ObjectiveConfig
+from reasoner.device import Env
 from reasoner.errors import TrainingError
 from reasoner.rl import reference
-from reasoner.rl.rollouts import Rollouts
+from reasoner.rl.rollouts import Batching, Rollouts
 
 CHECKED = 16  # samples whose stored behaviour log-probs are compared with the trainer's
 
-def behaviour_gap(stored: list[list[float]], scored: list[list[float]]) -> dict[str, float]:
-    """How far stored behaviour log-probs are from the trainer's own at theta_old, per token:
-    mean and max |stored - scored| and the mean and extremes of the ratio exp(scored - stored),
-    which the clipped objectives assume is 1 there."""
+def gap_parts(stored: list[list[float]], scored: list[list[float]]) -> tuple[list[float],
+                                                                         list[float]]:
+    """What `behaviour_gap` is made of, as sums (|stored - scored|, ratio, tokens) and maxima
+    (|stored - scored|, ratio, -ratio) that add up and max up over processes."""
     a = torch.tensor([x for row in stored for x in row], dtype=torch.float64)  # (N,)
     b = torch.tensor([x for row in scored for x in row], dtype=torch.float64)  # (N,)
     if a.shape != b.shape:
         raise TrainingError(f"stored behaviour log-probs cover {a.numel()} tokens, the trainer "
                             f"scores {b.numel()}: the samples do not match their token ids")
+    if not a.numel():
+        return [0.0, 0.0, 0.0], [-math.inf, -math.inf, -math.inf]
     gap, ratio = (a - b).abs(), (b - a).exp()
-    return {"mean_abs_diff": float(gap.mean()), "max_abs_diff": float(gap.max()),
-            "ratio_mean": float(ratio.mean()), "ratio_min": float(ratio.min()),
-            "ratio_max": float(ratio.max())}
+    return ([float(gap.sum()), float(ratio.sum()), float(a.numel())],
+            [float(gap.max()), float(ratio.max()), float(-ratio.min())])
+
+
+def gap_of(sums: list[float], tops: list[float]) -> dict[str, float]:
+    """mean and max |stored - scored| per token, and the mean and extremes of the ratio
+    exp(scored - stored), which the clipped objectives assume is 1 at theta_old."""
+    n = max(sums[2], 1.0)
+    return {"mean_abs_diff": sums[0] / n, "max_abs_diff": tops[0], "ratio_mean": sums[1] / n,
+            "ratio_min": -tops[2], "ratio_max": tops[1]}
+
+
+def behaviour_gap(stored: list[list[float]], scored: list[list[float]]) -> dict[str, float]:
+    """How far stored behaviour log-probs are from the trainer's own at theta_old (`gap_of`)."""
+    return gap_of(*gap_parts(stored, scored))
 
 
 def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, sampling: dict | None = None
@@ -83,16 +101,26 @@ def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, sampling: dict | No
     return False, "stored by infer"
 
 
-def check_behaviour(obj: ObjectiveConfig, data: Rollouts, policy: nn.Module, pad: int,
-                    device: torch.device, dtype: torch.dtype, note: str
+def check_behaviour(obj: ObjectiveConfig, data: Rollouts, policy: nn.Module,
+                    batching: Batching, env: Env, note: str
                     ) -> tuple[bool, str, dict[str, float]]:
     """Score the first samples with the starting policy and compare with the stored behaviour
     log-probs: (recompute them?, where they come from, the gap). A sampler whose kernels or
     precision differ from the trainer's (vLLM in bf16 on a GPU) gives a ratio that is not 1
-    at theta_old; above objective.old_logprobs_tolerance the run recomputes them (or stops)."""
-    first = list(range(min(CHECKED, len(data.ids))))
-    scored = reference.response_logprobs(policy, data, first, pad, device, dtype)
-    gap = behaviour_gap([list(data.old_logp[i]) for i in first], scored)
+    at theta_old; above objective.old_logprobs_tolerance the run recomputes them (or stops).
+
+    Each data-parallel group scores its own share of the checked samples, packed as training
+    packs them; the gap is reduced over every process before the decision, so that all make
+    the same one (ranks deciding differently would wait forever in the recompute's forwards)."""
+    dist = env.dist
+    first = list(range(min(max(CHECKED, dist.dp_size), len(data.ids))))
+    scored = reference.score_share(policy, data, first, batching, env)
+    mine = sorted(scored)
+    sums, tops = gap_parts([list(data.old_logp[i]) for i in mine], [scored[i] for i in mine])
+    if dist.sp_rank:  # a group's members scored the same samples: its first one counts them
+        sums = [0.0, 0.0, 0.0]
+    gap = gap_of(dev.all_reduce(sums, dist, env.device),
+                 dev.all_reduce(tops, dist, env.device, "max"))
     said = (f"stored vs trainer on {len(first)} samples: mean |Δ| {gap['mean_abs_diff']:.4f}, "
             f"max {gap['max_abs_diff']:.4f}, ratio {gap['ratio_min']:.3f}-{gap['ratio_max']:.3f}")
     if gap["mean_abs_diff"] <= obj.old_logprobs_tolerance:

@@ -21,33 +21,47 @@ from torch import nn
 from reasoner import device as dev
 from reasoner import shards
 from reasoner.config import ObjectiveConfig
-from reasoner.data import packing, token_cache
+from reasoner.data import token_cache
+from reasoner.device import Env
 from reasoner.errors import TrainingError
-from reasoner.rl.rollouts import Rollouts
-
-BATCH = 16  # samples per scoring forward
+from reasoner.rl.rollouts import Batching, Rollouts
 
 
 @torch.no_grad()
-def response_logprobs(policy: nn.Module, data: Rollouts, samples: list[int], pad_id: int,
-                      device: torch.device, dtype: torch.dtype, passes: int | None = None
-                      ) -> list[list[float]]:
-    """Log-prob of every response token of `samples` under `policy` (no gradient).
+def score(policy: nn.Module, data: Rollouts, micro_batches: list[list[list[int]]],
+          batching: Batching, env: Env, passes: int = 0) -> dict[int, list[float]]:
+    """Log-prob of every response token of the samples in `micro_batches` (from
+    `batching.micro_batches`) under `policy`, with no gradient: scored as training batches them,
+    never more tokens at once than one training micro-batch (packed rows of seq_len; each
+    process its slice of a row under sequence parallelism).
 
-    `passes`: run at least this many forwards, the extra ones on a dummy batch whose result is
-    dropped (a sharded policy's forward is a collective: every process must run as many)."""
-    out: list[list[float]] = []
-    batches = [samples[s:s + BATCH] for s in range(0, len(samples), BATCH)]
-    extra = max(0, (passes or 0) - len(batches))
-    for k, idx in enumerate(batches + [[0]] * extra):
-        b = packing.collate_padded([(data.ids[i], data.loss_mask(i)) for i in idx], pad_id).to(device)
-        with dev.autocast(device, dtype):
+    `passes`: run at least this many forwards, the extra ones on a one-sample dummy whose result
+    is dropped (a sharded policy's forward is a collective: every process must run as many)."""
+    out: dict[int, list[float]] = {}
+    dummy = [[0]]
+    for k in range(max(len(micro_batches), passes)):
+        rows = micro_batches[k] if k < len(micro_batches) else dummy
+        b = batching.collate(data, rows).to(env.device)
+        with dev.autocast(env.device, env.dtype):
             logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float().cpu()
-        if k < len(batches):
-            out += [x.tolist() for x in logp.split([data.resp_len(i) for i in idx])]
+        if k < len(micro_batches):
+            index = [i for r in rows for i in r]
+            for i, lp in zip(index, logp.split([data.resp_len(i) for i in index]), strict=True):
+                out[i] = lp.tolist()
     if hasattr(policy, "reshard"):  # FSDP2 leaves the root gathered after a forward without
         policy.reshard()            # backward: shard it again (optimisers hold the shards)
     return out
+
+
+def score_share(policy: nn.Module, data: Rollouts, samples: list[int], batching: Batching,
+                env: Env) -> dict[int, list[float]]:
+    """`score` of this process's data-parallel share of `samples` (every member of a
+    sequence-parallel group scores the same share), each process running as many forwards as
+    the busiest."""
+    dist = env.dist
+    mbs = batching.micro_batches(samples[dist.dp_rank::dist.dp_size], data)
+    passes = int(dev.all_reduce([len(mbs)], dist, env.device, "max")[0])
+    return score(policy, data, mbs, batching, env, passes)
 
 
 class Reordered(Sequence):
@@ -82,31 +96,29 @@ def _mapped(path: Path, keys: list[tuple[str, int]]) -> Reordered | None:
     return Reordered(token_cache.ListColumn(table, "logprobs"), [row_of[k] for k in keys])
 
 
-def starting_logprobs(folder: Path, source: str, policy: nn.Module, data: Rollouts, pad_id: int,
-                      device: torch.device, dtype: torch.dtype,
-                      dist: dev.DistInfo | None = None) -> Sequence[list[float]]:
+def starting_logprobs(folder: Path, source: str, policy: nn.Module, data: Rollouts,
+                      batching: Batching, env: Env) -> Sequence[list[float]]:
     """The starting model's log-probs of every response token, cached in `folder`.
 
-    With several processes each scores every world_size-th sample and writes its own part of
-    the folder (rank 0 owns the manifest). Rank 0 then streams the parts into one Arrow file,
-    `logprobs.arrow`, that every process memory-maps: no process holds them as Python lists
-    (at 30K samples of 30K tokens they would be ~10^9 objects)."""
-    dist = dist or dev.DistInfo()
+    Each data-parallel group scores its share of the samples and its first process writes them
+    as its own part of the folder (rank 0 owns the manifest). Rank 0 then streams the parts into
+    one Arrow file, `logprobs.arrow`, that every process memory-maps: no process holds them as
+    Python lists (at 30K samples of 30K tokens they would be ~10^9 objects)."""
+    dist = env.dist
     arrow = folder / "logprobs.arrow"
     if shards.is_complete(folder):
         cached = _mapped(arrow, data.keys)
         if cached is not None:
             return cached
-    mine = list(range(dist.rank, len(data.ids), dist.world_size))
-    passes = int(dev.all_reduce([-(-len(mine) // BATCH)], dist, device, "max")[0])
-    out = response_logprobs(policy, data, mine, pad_id, device, dtype, passes)
+    out = score_share(policy, data, list(range(len(data.ids))), batching, env)
     if dist.is_main:
         shards.reset(folder, "train-offline reference log-probs", {"input": source})
         arrow.unlink(missing_ok=True)
     dev.barrier(dist)
-    shards.write_rows(folder, ({"id": data.keys[i][0], "sample_idx": data.keys[i][1],
-                                "logprobs": lp} for i, lp in zip(mine, out, strict=True)),
-                      part=dist.rank)
+    if dist.sp_rank == 0:
+        shards.write_rows(folder, ({"id": data.keys[i][0], "sample_idx": data.keys[i][1],
+                                    "logprobs": lp} for i, lp in sorted(out.items())),
+                          part=dist.dp_rank)
     del out
     dev.barrier(dist)
     if dist.is_main:
@@ -154,11 +166,12 @@ class Plateau:
         return True
 
 
-def validation_margin(policy: nn.Module, data: Rollouts, samples: list[int], pad_id: int,
-                      device: torch.device, dtype: torch.dtype) -> float:
-    """Held-out positives' mean geometric-mean probability minus the negatives'."""
-    lps = response_logprobs(policy, data, samples, pad_id, device, dtype)
-    gm = torch.tensor([math.exp(sum(lp) / max(len(lp), 1)) for lp in lps])
+def validation_margin(policy: nn.Module, data: Rollouts, samples: list[int],
+                      batching: Batching, env: Env) -> float:
+    """Held-out positives' mean geometric-mean probability minus the negatives' (every process
+    scores all of them: the same forwards everywhere)."""
+    scored = score(policy, data, batching.micro_batches(samples, data), batching, env)
+    gm = torch.tensor([math.exp(sum(scored[i]) / max(len(scored[i]), 1)) for i in samples])
     r = data.rewards[samples]
     pos, neg = gm[r > 0], gm[r <= 0]
     return float((pos.mean() if len(pos) else 0.0) - (neg.mean() if len(neg) else 0.0))

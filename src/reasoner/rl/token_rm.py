@@ -18,6 +18,8 @@ from reasoner import training
 from reasoner.config import OfflineConfig
 from reasoner.data import packing
 from reasoner.device import Env
+from reasoner.models import sequence_parallel
+from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit
 from reasoner.rl import losses
 from reasoner.rl.objectives import GlobalCounts
@@ -32,9 +34,10 @@ class TokenRewardModel(nn.Module):
     w+ = clip(2 p_t - 1, 0, 1), negatives w- = clip(1 - 2 p_t, 0, 1).
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, sp: SequenceGroup | None = None):
         super().__init__()
         self.model = model
+        self.sp = sp or SequenceGroup()  # sequence parallel: each process scores its slice
         self.head = nn.Linear(self.model.config.hidden_size, 1)
         self.reset_head()
         lm_head, embed = self.model.get_output_embeddings(), self.model.get_input_embeddings()
@@ -49,9 +52,21 @@ class TokenRewardModel(nn.Module):
         self.head.bias.zero_()
 
     def forward(self, batch: packing.Batch) -> Tensor:
-        out = self.model.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                               attention_mask=batch.attention_mask, use_cache=False)
-        keep = batch.labels >= 0
+        """A score per target token (N,), in the policy's order (the whole micro-batch's on
+        every process of a sequence-parallel group)."""
+        if not self.sp.on:
+            return self._scores(batch.input_ids, batch.position_ids, batch.attention_mask,
+                                batch.labels, {})
+        part = sequence_parallel.split(batch.input_ids, batch.position_ids, batch.labels, self.sp)
+        local = self._scores(part.input_ids, part.position_ids, None, part.labels,
+                             part.attn_kwargs)  # (n,)
+        return sequence_parallel.gather(local, part, self.sp)
+
+    def _scores(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
+                labels: Tensor, attn_kwargs: dict) -> Tensor:
+        out = self.model.model(input_ids=input_ids, position_ids=position_ids,
+                               attention_mask=attention_mask, use_cache=False, **attn_kwargs)
+        keep = labels >= 0
         return self.head(out.last_hidden_state[keep]).squeeze(-1).float()  # (N,)
 
 
@@ -90,7 +105,8 @@ class TokenRM:
         with dev.autocast(self.env.device, self.env.dtype):
             scores = self.model(batch)  # (N,)
         loss, metrics = losses.token_rm_loss(scores, sample_index, rewards, counts.samples)
-        (loss * float(scale > 0)).backward()
+        # every member of a sequence-parallel group computes the whole loss: 1/size each
+        (loss * (float(scale > 0) / self.env.dist.sp_size)).backward()
         return scores, metrics["rm_bce"]
 
     def step(self) -> None:
@@ -102,8 +118,10 @@ def load_token_rm(cfg: OfflineConfig, env: Env, attn: str, vocab: VocabSplit) ->
     """OREAL's token RM: the starting policy's weights with a zero head, loaded (and with several
     processes sharded) by the policy's own loader; recomputes activations when the policy does
     (it trains on the policy's batches: as long, as wide)."""
-    loaded = training.load_wrapped(cfg.model, cfg.model.name_or_path, env, TokenRewardModel,
-                                   attn, vocab, skip=("head.",))
+    sp = SequenceGroup.of(env.dist)
+    loaded = training.load_wrapped(cfg.model, cfg.model.name_or_path, env,
+                                   lambda m: TokenRewardModel(m, sp), attn, vocab,
+                                   skip=("head.",))
     rm = loaded.policy
     rm.reset_head()  # sharded loading leaves the head's storage unfilled
     if cfg.run.gradient_checkpointing:
@@ -138,7 +156,7 @@ def _warm_up_step(rm: TokenRM, state: training.TrainState, data: Rollouts, sampl
                                data.rewards[index].to(rm.env.device), counts, scale)
         return training.MicroOut({}, {"rm_bce": bce}, len(index) / counts.samples)
 
-    mine = batch_idx[state.dist.rank::state.dist.world_size]
+    mine = batch_idx[state.dist.dp_rank::state.dist.dp_size]
     bce = training.accumulate(state, batching.micro_batches(mine, data), one,
                               dummy=[[batch_idx[0]]])["rm_bce"]
     rm.step()

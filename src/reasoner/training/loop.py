@@ -124,8 +124,13 @@ def accumulate(state: TrainState, micro_batches: list,
     pass reduce-scatters into the sharded gradient (off, FSDP2 would keep whole fp32 gradients
     on every device until the last pass: ~124 GB at 32B). `step_fn(micro_batch, scale)` scales
     its loss by `scale` (fp16 loss scale, else 1; 0 for a dummy pass), reports unscaled values.
+
+    Under sequence parallelism every member of a group computes its micro-batch's whole loss
+    (models.sequence_parallel): each backpropagates 1/size of it, and the group's sums count
+    once.
     """
     count = len(micro_batches)
+    share = 1.0 / state.dist.sp_size
     if state.dist.world_size > 1:
         count = int(dev.all_reduce([count], state.dist, state.device, "max")[0])
     sums: dict[str, float] = {}
@@ -135,9 +140,10 @@ def accumulate(state: TrainState, micro_batches: list,
     sign_of: dict[str, float] = {}
     for j in range(count):
         real = j < len(micro_batches)
-        out = step_fn(micro_batches[j] if real else dummy, float(real) * loss_scale(state.scaler))
+        out = step_fn(micro_batches[j] if real else dummy,
+                      float(real) * loss_scale(state.scaler) * share)
         for k, v in out.sums.items():
-            sums[k] = sums.get(k, 0.0) + (v if real else 0.0)
+            sums[k] = sums.get(k, 0.0) + (v * share if real else 0.0)
         for k, v in out.means.items():
             ok = real and math.isfinite(v)
             num[k] = num.get(k, 0.0) + (v * out.weight if ok else 0.0)
@@ -249,6 +255,7 @@ def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = di
         shards.update_manifest(state.out, complete=True, counts={
             "steps": state.total_steps, "resumed_from": state.first_step,
             "skipped_steps": state.skipped, "processes": state.dist.world_size,
+            "sequence_parallel": state.dist.sp_size,
             "vocab_layout": state.policy.vocab_layout, **counts,
             "seconds": round(state.timer.elapsed(), 2), "final_model": str(final)})
     dev.barrier(state.dist)

@@ -16,6 +16,8 @@ from torch import nn
 from reasoner import device as dev
 from reasoner.config import ModelConfig, RunConfig
 from reasoner.device import Env
+from reasoner.models import sequence_parallel
+from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit
 from reasoner.training import checkpoints
 
@@ -33,7 +35,8 @@ def setup(model: ModelConfig, run: RunConfig, output_dir: Path | None = None) ->
     """Device, process group and compute dtype of a training run; seeds torch. With several
     processes, every one must see the same `output_dir` (`device.check_same_folder`)."""
     device = dev.pick_device(model.device)
-    dist = dev.init_distributed(device, run.dist_timeout_min)
+    sequence_parallel.check_model(model.name_or_path, run.sequence_parallel)
+    dist = dev.init_distributed(device, run.dist_timeout_min, run.sequence_parallel)
     if output_dir is not None:
         dev.check_same_folder(output_dir, dist, device)
     torch.manual_seed(run.seed)
@@ -78,8 +81,9 @@ def load_policy(model: ModelConfig, source: str | Path, env: Env, chunk: int,
                 temperature: float = 1.0, attn: str | None = None,
                 vocab: VocabSplit | None = None) -> Loaded:
     """`source` as a policy: PolicyLogprobs around it, scoring `chunk` tokens at a time at
-    `temperature`."""
+    `temperature` (each process its slice of a row under sequence parallelism)."""
     from reasoner.models.logprobs import PolicyLogprobs
 
-    return load_wrapped(model, source, env, lambda m: PolicyLogprobs(m, chunk, temperature),
+    sp = SequenceGroup.of(env.dist)
+    return load_wrapped(model, source, env, lambda m: PolicyLogprobs(m, chunk, temperature, sp),
                         attn, vocab)

@@ -5,8 +5,10 @@ import copy
 import pytest
 import torch
 
+from reasoner.device import DistInfo, Env
 from reasoner.models.logprobs import PolicyLogprobs
 from reasoner.rl.reference import Plateau, average_into, reset
+from reasoner.rl.rollouts import Batching, Rollouts
 
 
 def test_plateau_resets_after_patience_and_rebaselines():
@@ -60,7 +62,6 @@ def test_reference_logprobs_are_memory_mapped_and_reused(tmp_path):
     from torch import nn
 
     from reasoner.rl.reference import Reordered, starting_logprobs
-    from reasoner.rl.rollouts import Rollouts
 
     class Scorer(nn.Module):
         calls = 0
@@ -69,23 +70,59 @@ def test_reference_logprobs_are_memory_mapped_and_reused(tmp_path):
             Scorer.calls += 1
             return -labels[labels >= 0].float() / 1000  # (N,) one value per scored token
 
-    def rollouts(keys, ids, prompt_lens):
-        m = len(keys)
-        return Rollouts(keys=keys, ids=ids, prompt_lens=prompt_lens, rewards=torch.ones(m),
-                        groups=torch.zeros(m, dtype=torch.long), group_acc=torch.ones(m),
-                        reasoning=torch.ones(m), has_answer=torch.ones(m, dtype=torch.bool),
-                        old_logp=None, dropped=0)
-
     data = rollouts([("b", 0), ("a", 1), ("a", 0)], [[1, 2, 3, 4], [1, 2, 5], [7, 8, 9, 10, 11]],
                     [2, 2, 3])
-    folder, cpu = tmp_path / "ref_logprobs", torch.device("cpu")
-    got = starting_logprobs(folder, "src", Scorer(), data, 0, cpu, torch.float32)
+    folder, batching, env = tmp_path / "ref_logprobs", BATCHING, ENV
+    got = starting_logprobs(folder, "src", Scorer(), data, batching, env)
     assert isinstance(got, Reordered) and (folder / "logprobs.arrow").exists()
     expect = [[-0.003, -0.004], [-0.005], [-0.010, -0.011]]
     assert [list(got[i]) for i in range(3)] == [pytest.approx(e) for e in expect]
     calls = Scorer.calls
-    again = starting_logprobs(folder, "src", Scorer(), data, 0, cpu, torch.float32)
+    again = starting_logprobs(folder, "src", Scorer(), data, batching, env)
     assert Scorer.calls == calls and [list(again[i]) for i in range(3)] == [list(got[i]) for i in range(3)]
     more = rollouts(data.keys + [("c", 0)], [*data.ids, [1, 6, 6]], [2, 2, 3, 1])
-    third = starting_logprobs(folder, "src", Scorer(), more, 0, cpu, torch.float32)
+    third = starting_logprobs(folder, "src", Scorer(), more, batching, env)
     assert Scorer.calls > calls and list(third[3]) == pytest.approx([-0.006, -0.006])
+
+
+def test_scoring_never_forwards_more_tokens_than_a_training_micro_batch(tmp_path):
+    """Reference and behaviour log-probs are scored as training batches the rollouts: packed
+    rows of seq_len, micro_batch rows per forward, so a scoring forward holds at most
+    micro_batch x seq_len tokens (16 samples padded to the longest, at 51,200-token rows, made
+    each MLP intermediate ~45 GB). Every sample is still scored, each once, in its own order."""
+    from torch import nn
+
+    from reasoner.rl.reference import starting_logprobs, validation_margin
+
+    seen = []
+
+    class Scorer(nn.Module):
+        def forward(self, input_ids, position_ids, attention_mask, labels):
+            seen.append(input_ids.numel())
+            return -labels[labels >= 0].float() / 1000  # (N,)
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(4, 15, (40,), generator=g).tolist()
+    data = rollouts([("p", i) for i in range(40)], [[i % 7 + 1] * n for i, n in
+                                                     enumerate(lengths)], [2] * 40)
+    got = starting_logprobs(tmp_path / "ref", "src", Scorer(), data, BATCHING, ENV)
+    assert max(seen) <= BATCHING.micro_batch * BATCHING.seq_len == 32
+    assert [len(got[i]) for i in range(40)] == [n - 2 for n in lengths]
+    assert all(list(got[i]) == pytest.approx([-(i % 7 + 1) / 1000] * (n - 2))
+               for i, n in enumerate(lengths))
+    seen.clear()
+    data.rewards[::2] = -1.0
+    validation_margin(Scorer(), data, list(range(40)), BATCHING, ENV)
+    assert max(seen) <= 32
+
+
+BATCHING = Batching(global_batch=8, seed=0, packing=True, seq_len=16, micro_batch=2, pad=0)
+ENV = Env(torch.device("cpu"), DistInfo(), torch.float32)
+
+
+def rollouts(keys, ids, prompt_lens):
+    m = len(keys)
+    return Rollouts(keys=keys, ids=ids, prompt_lens=prompt_lens, rewards=torch.ones(m),
+                    groups=torch.zeros(m, dtype=torch.long), group_acc=torch.ones(m),
+                    reasoning=torch.ones(m), has_answer=torch.ones(m, dtype=torch.bool),
+                    old_logp=None, dropped=0)
