@@ -3,7 +3,7 @@ processes (gloo), in both layouts of `run.vocab_layout`, beside what `reasoner p
 (`models.vocab_layout.vocab_traffic_bytes`).
 
 An untied Qwen2 (vocab 8192, hidden 256, the layout of Qwen2.5-32B) is sharded as the trainers
-shard it, bf16 with the mixed-precision policy; each process scores 512 tokens, forward and
+shard it, bf16 with the mixed-precision policy (fp16 too, in the test); each process scores 512 tokens, forward and
 backward. Every torch.distributed collective is wrapped and counted by the bus model the plan
 uses (broadcast / reduce: the payload; all-reduce: 2 (W-1)/W of it; all-gather /
 reduce-scatter: (W-1)/W of the whole). A collective counts as the vocabulary's when it runs in
@@ -44,7 +44,7 @@ def bus_bytes(name: str, tensors: list, world: int) -> float:
     return float(nbytes(first))  # broadcast, reduce
 
 
-def worker(layout: str, out: str) -> None:
+def worker(layout: str, out: str, dtype_name: str = "bfloat16") -> None:
     import torch
     import torch.distributed as dist
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -83,7 +83,8 @@ def worker(layout: str, out: str) -> None:
     pol = PolicyLogprobs(Qwen2ForCausalLM(cfg), chunk_size=256)
     padded = -(-VOCAB // world) * world * HIDDEN  # FSDP2 pads dim 0 to a multiple of W
     vocab_numels.update({padded, padded // world})
-    got = shard_modules(pol, pol.model, torch.bfloat16, VocabSplit(layout, TOKENS))
+    dtype = getattr(torch, dtype_name)
+    got = shard_modules(pol, pol.model, dtype, VocabSplit(layout, TOKENS))
     assert got == layout, got
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, VOCAB, (1, TOKENS), generator=g)
@@ -91,7 +92,7 @@ def worker(layout: str, out: str) -> None:
     for step in range(steps + 1):
         if step == 1:  # the first pass warms up (FSDP2's lazy init)
             counted.update(vocab=0.0, other=0.0)
-        with dev.autocast(torch.device("cpu"), torch.bfloat16):
+        with dev.autocast(torch.device("cpu"), dtype):
             lp = pol(ids, torch.arange(TOKENS)[None], None, ids)
         lp.sum().backward()
         pol.zero_grad(set_to_none=True)
@@ -122,7 +123,8 @@ def main() -> None:
     from reasoner.models.vocab_layout import vocab_traffic_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", nargs=2, metavar=("LAYOUT", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs="+", metavar="LAYOUT OUT [DTYPE]",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_comm")
     args = parser.parse_args()
     if args.worker:

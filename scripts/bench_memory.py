@@ -143,11 +143,14 @@ MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}  # see the top: RSS = the tensor
 
 
 def measure(nproc: int, model: Path, data: Path, out: Path, extra: list[str],
-            trace: bool, malloc: dict[str, str] = MALLOC) -> list[dict]:
-    report = out / f"rss-{nproc}"
-    shutil.rmtree(out / f"sft-{nproc}", ignore_errors=True)  # else a rerun finds it finished
+            trace: bool, malloc: dict[str, str] = MALLOC, label: str = "") -> list[dict]:
+    """Each process's peak of one `reasoner sft` run on `nproc` processes (`label` names its
+    folder, when two runs use as many processes)."""
+    label = label or str(nproc)
+    report = out / f"rss-{label}"
+    shutil.rmtree(out / f"sft-{label}", ignore_errors=True)  # else a rerun finds it finished
     cmd = [sys.executable, __file__, "--worker", str(report), *(["--trace"] if trace else []),
-           "--", *sft_args(model, data, out / f"sft-{nproc}"), *extra]
+           "--", *sft_args(model, data, out / f"sft-{label}"), *extra]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--master_port=29631", *cmd[1:]]
@@ -156,8 +159,8 @@ def measure(nproc: int, model: Path, data: Path, out: Path, extra: list[str],
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         sys.exit(done.stderr[-3000:])
-    print(f"{nproc} process(es): {time.perf_counter() - started:.0f}s", file=sys.stderr)
-    return [json.loads((out / f"rss-{nproc}-rank{r}.json").read_text()) for r in range(nproc)]
+    print(f"{label} ({nproc} process(es)): {time.perf_counter() - started:.0f}s", file=sys.stderr)
+    return [json.loads((out / f"rss-{label}-rank{r}.json").read_text()) for r in range(nproc)]
 
 
 def main() -> None:

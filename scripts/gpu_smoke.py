@@ -15,7 +15,10 @@ Checks:
   compute with bf16 parameters, the master shards stay fp32, the gradient reduction is a sum
   and matches the unsharded model's (contracts 2, 3);
 - trainers: `reasoner sft` and `reasoner train-offline` (pcl) on a tiny model, bf16, packed,
-  one step each, on the device (contract 5 in both trainers).
+  one step each, on the device (contract 5 in both trainers);
+- sequence_parallel: where two devices are lent, Ulysses sequence parallelism over them (NCCL,
+  the kernel `plan_attention` picks, bf16): token log-probs and gradients of a packed row against
+  one device's, and `reasoner sft` with run.sequence_parallel=2 (skipped, saying so, on one).
 """
 
 from __future__ import annotations
@@ -176,11 +179,112 @@ def trainers(device):
     return out
 
 
+def sequence_parallel(device):
+    """Two processes sharing a packed row (see the module docstring); skipped on one device."""
+    import subprocess
+
+    import torch
+
+    count = torch.cuda.device_count() if device.type == "cuda" else 2
+    if count < 2:
+        return {"skipped": f"{count} device lent: sequence parallelism needs 2"}
+    work = Path(tempfile.mkdtemp(prefix="gpu_smoke_sp_"))
+    out = work / "sp.json"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                "--master_port=29688"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([*torchrun, __file__, "--sp-worker", str(out), "--device",
+                           device.type], capture_output=True, text=True, env=env, timeout=400)
+    if done.returncode:
+        return {"ok": False, "error": done.stderr[-1500:]}
+    result = json.loads(out.read_text())
+    qs, dtype = REPO / "configs" / "quickstart", "float32" if device.type == "cpu" else "bfloat16"
+    steps = [["data", "synth", str(qs / "data_synth.yaml"), f"output_dir={work}/data",
+              "num_train=64", "num_test=8"],
+             ["model", "tiny", str(qs / "tiny_model.yaml"), f"output_dir={work}/tiny",
+              f"corpus=[{work}/data/sft]"]]
+    for args in steps:
+        subprocess.run([sys.executable, "-m", "reasoner", *args], check=True, env=env,
+                       capture_output=True, cwd=REPO)
+    sft = subprocess.run([*torchrun, "-m", "reasoner", "sft", str(qs / "sft.yaml"),
+                          f"model.name_or_path={work}/tiny", f"data.path={work}/data/sft",
+                          f"output_dir={work}/sft", "run.max_steps=2", "run.progress=false",
+                          "run.sequence_parallel=2", f"model.device={device.type}",
+                          f"model.dtype={dtype}"], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=400)
+    result["sft_rc"] = sft.returncode
+    if sft.returncode:
+        result["sft_tail"] = sft.stderr[-600:]
+    result["ok"] = result["logp_max_abs"] < 5e-2 and result["grad_rel"] < 5e-2 and not sft.returncode
+    return result
+
+
+def sp_worker(out: Path, device_type: str) -> None:
+    """Inside each of the two processes of `sequence_parallel`."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from reasoner import device as dev
+    from reasoner.models.attention import plan_attention
+    from reasoner.models.logprobs import PolicyLogprobs
+    from reasoner.models.sequence_parallel import SequenceGroup
+
+    rank = int(os.environ["RANK"])
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sp = SequenceGroup(2, rank, dist.new_group([0, 1]))
+    kernel = plan_attention(None, device, dtype, True).implementation
+    config = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    alone = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=kernel,
+                                             dtype=torch.float32).to(device)
+    shared = AutoModelForCausalLM.from_config(
+        copy.deepcopy(config), attn_implementation=plan_attention(
+            None, device, dtype, True, sp).implementation, dtype=torch.float32).to(device)
+    shared.load_state_dict(alone.state_dict())
+    lengths = [300, 700, 250, 800]  # one flat row of 2,050 tokens, sliced inside sample 1
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 256, (1, sum(lengths)), generator=g).to(device)
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    labels = ids.roll(-1, 1)
+    labels[0, torch.cumsum(torch.tensor(lengths), 0).to(device) - 1] = -100
+    values = {}
+    for name, model, share in (("one", PolicyLogprobs(alone, 512), 1.0),
+                               ("two", PolicyLogprobs(shared, 512, sp=sp), 0.5)):
+        with dev.autocast(device, dtype):
+            lp = model(ids, pos, None, labels).float()
+        (lp.sum() * share).backward()
+        values[name] = lp.detach()
+    grads = []
+    for a, b in zip(alone.parameters(), shared.parameters(), strict=True):
+        gsum = b.grad.clone()
+        dist.all_reduce(gsum)
+        grads.append(float((gsum - a.grad).norm() / a.grad.norm().clamp_min(1e-12)))
+    result = {"kernel": kernel, "tokens": int(values["one"].numel()),
+              "logp_max_abs": float((values["one"] - values["two"]).abs().max()),
+              "grad_rel": max(grads)}
+    if rank == 0:
+        out.write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=Path("gpu_smoke.json"))
+    parser.add_argument("--sp-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sp_worker:
+        sp_worker(args.sp_worker, args.device)
+        return
     import torch
 
     device = torch.device(args.device)
@@ -191,7 +295,7 @@ def main() -> None:
             report[name] = __import__(name).__version__
         except ImportError as e:
             report[name] = f"absent ({e})"
-    for check in (logprob_parity, packed_attention, bf16_policy, trainers):
+    for check in (logprob_parity, packed_attention, bf16_policy, trainers, sequence_parallel):
         started = time.perf_counter()
         try:
             result = check(device)

@@ -2,8 +2,8 @@
 
     python -m torch.distributed.run --nproc_per_node=2 tests/collectives_check.py OUT.json
 
-A tiny untied Qwen2 policy is sharded as the trainers shard it (`fsdp.shard_modules`), in fp32
-and in bf16. Every collective torch.distributed runs is wrapped to record its name, dtype and
+A tiny untied Qwen2 policy is sharded as the trainers shard it (`fsdp.shard_modules`), in fp32,
+bf16 and fp16. Every collective torch.distributed runs is wrapped to record its name, dtype and
 reduce op. Each process scores its own row of a 2-row batch with its share of the loss; the
 same model whole, in this process, scores both rows. Rank 0 writes, per dtype, the collectives
 seen and how far the sharded gradients are from the whole model's to OUT.json.
@@ -80,7 +80,8 @@ def main() -> None:
     for name in WRAPPED:
         setattr(dist, name, record(name, getattr(dist, name)))
     dist.init_process_group("gloo")
-    result = {"float32": run(torch.float32), "bfloat16": run(torch.bfloat16)}
+    result = {"float32": run(torch.float32), "bfloat16": run(torch.bfloat16),
+              "float16": run(torch.float16)}
     dist.barrier()
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:

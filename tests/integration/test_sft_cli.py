@@ -162,7 +162,9 @@ def test_fp16_loss_scaling_skips_overflowing_steps_on_every_rank(tmp_path, synth
                                                                   two_process_runs):
     """fp16 autocast (on CPU too): a loss scale of 2^60 overflows every gradient, so no update is
     applied and the scale halves; from 2^20 the scale backs off until steps apply. Two FSDP2
-    processes (ShardedGradScaler) skip exactly the steps one process skips."""
+    processes (ShardedGradScaler) gather fp16 parameters, as a 32B run does, where one process
+    keeps fp32 weights under fp16 autocast: they skip exactly the same steps and end within
+    1e-4 of each other."""
     never = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "never", *FP16,
                            "optim.loss_scale=1.152921504606847e18", "run.max_steps=2"))
     assert never.returncode == 0, never.stderr

@@ -27,7 +27,6 @@ HOMES = {
     "reasoner.pipeline.inputs": "integration/test_recipes.py",
     "reasoner.config.generation": "unit/config/test_stages.py",
     "reasoner.data.answers": "unit/verify/test_extract.py",
-    "reasoner.models.footprint": "unit/pipeline/test_plan.py",
     "reasoner.models.load": "unit/models/test_models.py",
     "reasoner.models.tiny": "unit/models/test_models.py",
     "reasoner.models.lm_head": "unit/models/test_logprobs.py",

@@ -104,8 +104,8 @@ def plan_recipe(
                       f"{sp.step_s:.0f}" if sp.step_s else "-", sp.verdict)
     results().print(table)
     for sp in plans:
-        if sp.vocab:
-            results().print(f"{sp.name}: {sp.vocab}")
+        for line in ([sp.vocab] if sp.vocab else []) + sp.notes:
+            results().print(f"{sp.name}: {line}", soft_wrap=True)
     done("plan")
     if not all(sp.fits for sp in plans):
         raise typer.Exit(1)

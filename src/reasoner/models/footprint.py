@@ -5,10 +5,17 @@ scripts/bench_memory.py checks them against measured peaks.
 
 The trainer: fp32 master weights, gradients and AdamW moments sharded (16 bytes per parameter
 / devices; the embeddings and lm-head too, vocab-parallel), the final norm and up to three
-decoder layers gathered whole in fp32 while they compute, activations of one micro-batch in
-the compute dtype (the layer inputs only, plus one layer recomputed, with gradient
+decoder layers gathered whole in the gather dtype while they compute (FSDP2's mixed precision:
+bf16 / fp16 gathers for a half-precision run, plus one layer's fp32 gradient for its
+reduce-scatter), activations of one process's tokens of one micro-batch (its 1/N of each row
+under sequence parallelism: the layer inputs only, plus one layer recomputed, with gradient
 checkpointing), and the lm-head's log-prob chunk in fp32 (this device's share of the
 vocabulary).
+
+Bytes per activation element, as the trainer holds them (`residual_bytes`; a test reads them
+off the first decoder layer's input in 1 and 2 processes): under FSDP2 the compute dtype's (a
+half-precision gather makes the residual stream half); in one process 4, whatever the compute
+dtype (fp32 master weights under autocast: the residual additions stay fp32).
 """
 
 from __future__ import annotations
@@ -22,17 +29,27 @@ GIB = 2**30
 CPU_BASELINE_GIB = 0.55  # python + torch + transformers + reasoner imported (measured here)
 
 
+def residual_bytes(dtype_bytes: int, processes: int) -> int:
+    """Bytes per element of the hidden states entering each decoder layer (what activation
+    checkpointing keeps): the compute dtype's under FSDP2, 4 in one process."""
+    return dtype_bytes if processes > 1 else 4
+
+
 def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
                    logprob_chunk: int, extra_models: int = 0, vocab_layout: str = "vocab-parallel"
                    ) -> dict[str, float]:
-    """Bytes per device of one training process, by component (see the module docstring)."""
+    """Bytes per device of one training process, by component (see the module docstring).
+    `tokens`: this process's tokens of one micro-batch (`TrainerConfig.micro_batch_tokens`)."""
     sharded = devices > 1
     rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
+    gathered = dtype_bytes * (2 * s.hidden + 3 * s.layer_params)
+    if dtype_bytes < 4:  # a layer's half gradient is cast to fp32 for its reduce-scatter
+        gathered += 4 * s.layer_params
     out = {
         "weights+grads+adam fp32": 16 * s.params / devices,
         # the root FSDP unit (the final norm) stays gathered through forward and backward;
         # layers: current + prefetched + gradient
-        "gathered root + 3 layers": 4 * (2 * s.hidden + 3 * s.layer_params) if sharded else 0.0,
+        "gathered root + 3 layers": gathered if sharded else 0.0,
         # one chunk of one process's tokens against this device's rows of the vocabulary (all
         # of them when the lm-head is an FSDP2 unit of its own)
         "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * rows,
@@ -45,12 +62,25 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
                                                         + (8 if dtype_bytes < 4 else 0))
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
     if checkpointing:
-        out["activations"] = s.layers * tokens * s.hidden * dtype_bytes + 2 * per_layer
+        out["activations"] = (s.layers * tokens * s.hidden
+                              * residual_bytes(dtype_bytes, devices) + 2 * per_layer)
     else:
         out["activations"] = s.layers * per_layer
     if extra_models:  # a resident reference (weights only) or token RM (trained: 16 B/param)
         out["reference / token RM"] = extra_models * s.params / devices
     return out
+
+
+def scoring_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, logprob_chunk: int,
+                  vocab_layout: str = "vocab-parallel") -> float:
+    """Peak bytes per device of a scoring forward (reference, behaviour or validation log-probs,
+    no gradient) of one micro-batch, before training: fp32 weight shards, the gathered root and
+    two layers, one layer's activations and the hidden states, a log-prob chunk."""
+    rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
+    gathered = dtype_bytes * (2 * s.hidden + 2 * s.layer_params) if devices > 1 else 0.0
+    acts = (s.activation_bytes_per_token(dtype_bytes)
+            + 2 * s.hidden * residual_bytes(dtype_bytes, devices)) * tokens
+    return 4 * s.params / devices + gathered + acts + 2 * 4 * min(logprob_chunk, tokens) * rows
 
 
 def megatron_bytes(s: Shape, devices: int, tokens: int, tp: int, pp: int, checkpointing: bool
@@ -70,12 +100,14 @@ def megatron_bytes(s: Shape, devices: int, tokens: int, tp: int, pp: int, checkp
 
 
 def host_peak_gib(model: str | Path, processes: int, seq_len: int, micro_batch: int = 1,
-                  gradient_checkpointing: bool = True, disk_bytes: int = 4) -> float:
+                  gradient_checkpointing: bool = True, disk_bytes: int = 4,
+                  sequence_parallel: int = 1, logprob_chunk: int = 4096) -> float:
     """Predicted peak RSS (GiB) of each process of a CPU `reasoner sft` run in fp32: the
     training peak, or the load peak when higher (one process: the model plus the checkpoint
     file's pages; sharded: each process's rows of both)."""
     s = shape_of(str(model))
-    train = sum(training_bytes(s, processes, seq_len * micro_batch, 4, gradient_checkpointing,
-                               4096).values())
+    tokens = -(-seq_len * micro_batch // sequence_parallel)
+    train = sum(training_bytes(s, processes, tokens, 4, gradient_checkpointing,
+                               logprob_chunk).values())
     load = (4 + disk_bytes) * s.params / processes
     return CPU_BASELINE_GIB + max(train, load) / GIB

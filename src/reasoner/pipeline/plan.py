@@ -11,12 +11,13 @@ KV cache, which must hold at least one sequence of `max_model_len` tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reasoner.config import TrainerConfig
 from reasoner.errors import ConfigError
-from reasoner.models.footprint import GIB, megatron_bytes, training_bytes
+from reasoner.models.footprint import GIB, megatron_bytes, scoring_bytes, training_bytes
+from reasoner.models.sequence_parallel import check_heads
 from reasoner.models.shapes import KNOWN, Shape, shape_of
 from reasoner.models.vocab_layout import choose_vocab_layout, vocab_note
 
@@ -53,49 +54,124 @@ class MemoryEstimate:
     step_s: float | None
     verdict: str
     vocab: str = ""  # training: how the embedding and lm-head split, and the bytes it moves
+    notes: list[str] = field(default_factory=list)  # what else the plan says of the stage
 
     @property
     def fits(self) -> bool:
         return self.verdict == "fits"
 
 
-def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devices: int, mem_gib: float,
-                  kind: str, mfu: float, layout: str = "fsdp", tp: int = 8, pp: int = 4,
-                  extra: int = 0, tflops: float | None = None) -> MemoryEstimate:
+def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devices: int,
+                  mem_gib: float, kind: str, mfu: float, layout: str = "fsdp", tp: int = 8,
+                  pp: int = 4, extra: int = 0, tflops: float | None = None,
+                  scores: bool = False) -> MemoryEstimate:
     """Memory per device and time per step of an sft or train-offline stage; `extra`: bytes per
-    parameter of the models kept beside the policy (`resident_bytes_per_param`)."""
-    fp32 = cfg.model.dtype == "float32" or (cfg.model.dtype == "auto" and kind == "cpu")
-    dtype_bytes = 4 if fp32 else 2
-    tokens = cfg.micro_batch_tokens
-    if layout == "mindspeed":
-        if devices % (tp * pp):
-            raise ConfigError(f"--devices {devices} is not a multiple of tp x pp = {tp * pp}")
-        parts = megatron_bytes(shape, devices, tokens, tp, pp, cfg.run.gradient_checkpointing)
-        vocab = ""
-    else:
-        layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
-        parts = training_bytes(shape, devices, tokens, dtype_bytes,
-                               cfg.run.gradient_checkpointing, cfg.run.logprob_chunk, extra,
-                               layout if devices > 1 else "whole")
-        vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
-    need = 1.1 * sum(parts.values()) / GIB  # allocator fragmentation
+    parameter of the models kept beside the policy (`resident_bytes_per_param`); `scores`: the
+    stage scores reference / behaviour log-probs before training (train-offline)."""
+    dtype_bytes = _dtype_bytes(cfg, kind)
+    sp = cfg.run.sequence_parallel
     per_step = cfg.run.global_batch * cfg.row_tokens
     step = step_seconds(shape, per_step, cfg.row_tokens, devices, tflops or PEAK_TFLOPS[kind], mfu,
                         cfg.run.gradient_checkpointing)
+    if layout == "mindspeed":
+        if devices % (tp * pp):
+            raise ConfigError(f"--devices {devices} is not a multiple of tp x pp = {tp * pp}")
+        parts = megatron_bytes(shape, devices, cfg.run.micro_batch * cfg.row_tokens, tp, pp,
+                               cfg.run.gradient_checkpointing)
+        need = 1.1 * sum(parts.values()) / GIB
+        return MemoryEstimate(name, cfg.__class__.__name__, model, devices,
+                              {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
+                              "fits" if need <= mem_gib else "does not fit: raise tp / pp")
+    refused = _sequence_parallel_refused(shape, model, sp, devices)
+    parts, vocab, scoring = _fsdp_parts(cfg, shape, devices, mem_gib, dtype_bytes, extra)
+    scoring = scoring if scores else 0.0
+    need = 1.1 * max(sum(parts.values()), scoring) / GIB  # allocator fragmentation
     verdict = "fits"
-    if need > mem_gib:
-        biggest = max(parts, key=parts.get)
-        advice = {"activations": "lower seq_len / micro_batch, turn on gradient_checkpointing, "
-                                 "or train with tensor parallelism (--layout mindspeed)",
-                  "weights+grads+adam fp32": "use more devices",
+    if refused:
+        verdict = f"does not fit: {refused}"
+    elif need > mem_gib:
+        verdict = "does not fit: " + _advice(cfg, shape, devices, mem_gib, dtype_bytes, extra,
+                                             parts)
+    estimate = MemoryEstimate(name, cfg.__class__.__name__, model, devices,
+                              {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
+                              verdict, vocab)
+    if scores:
+        estimate.notes.append(f"scoring forward (reference / behaviour log-probs, no "
+                              f"gradient): {1.1 * scoring / GIB:.1f} GiB")
+    if sp > 1:
+        estimate.notes.append(f"sequence parallel {sp}: each process {cfg.micro_batch_tokens:,} "
+                              f"of a micro-batch's {cfg.run.micro_batch * cfg.row_tokens:,} "
+                              "tokens")
+    return estimate
+
+
+def _dtype_bytes(cfg: TrainerConfig, kind: str) -> int:
+    fp32 = cfg.model.dtype == "float32" or (cfg.model.dtype == "auto" and kind == "cpu")
+    return 4 if fp32 else 2
+
+
+def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
+                dtype_bytes: int, extra: int) -> tuple[dict[str, float], str, float]:
+    """This trainer's bytes per component, its vocabulary layout note, its scoring peak."""
+    tokens = cfg.micro_batch_tokens
+    layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
+    parts = training_bytes(shape, devices, tokens, dtype_bytes, cfg.run.gradient_checkpointing,
+                           cfg.run.logprob_chunk, extra, layout if devices > 1 else "whole")
+    vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
+    scoring = scoring_bytes(shape, devices, tokens, dtype_bytes, cfg.run.logprob_chunk,
+                            layout if devices > 1 else "whole")
+    return parts, vocab, scoring
+
+
+def _sequence_parallel_refused(shape: Shape, model: str, sp: int, devices: int) -> str:
+    """Why run.sequence_parallel cannot run here ("" when it can)."""
+    if sp > 1 and devices % sp:
+        return f"run.sequence_parallel={sp} does not divide {devices} devices into groups"
+    try:
+        check_heads(shape.heads, shape.kv_heads, sp, model)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def _advice(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float, dtype_bytes: int,
+            extra: int, parts: dict[str, float]) -> str:
+    """What to change, for the largest part: never a setting that is already on."""
+    biggest = max(parts, key=parts.get)
+    if biggest == "activations":
+        options = []
+        if not cfg.run.gradient_checkpointing:
+            options.append("turn on run.gradient_checkpointing")
+        fitting = _fitting_sequence_parallel(cfg, shape, devices, mem_gib, dtype_bytes, extra)
+        if fitting:
+            sp, gib = fitting
+            options.append(f"set run.sequence_parallel={sp} (then {gib:.1f} GiB per device)")
+        options.append("lower seq_len / micro_batch (drops the long samples)")
+        advice = ", or ".join(options)
+    else:
+        advice = {"weights+grads+adam fp32": "use more devices",
                   "logits chunk": "lower run.logprob_chunk",
                   "gathered root + 3 layers": "use devices with more memory",
+                  "gathered lm-head": "set run.vocab_layout=vocab-parallel",
                   "reference / token RM": "drop the moving reference / token RM"}.get(
-                      biggest, "raise tp / pp or use more devices")
-        verdict = f"does not fit: {advice} ({biggest} is the largest part)"
-    return MemoryEstimate(name, cfg.__class__.__name__, model, devices,
-                          {k: v / GIB for k, v in parts.items()}, need, mem_gib, step, verdict,
-                          vocab)
+                      biggest, "use more devices")
+    return f"{advice} ({biggest} is the largest part)"
+
+
+def _fitting_sequence_parallel(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
+                               dtype_bytes: int, extra: int) -> tuple[int, float] | None:
+    """The smallest sequence-parallel size above the configured one that the model's heads
+    allow, that divides the devices within one node (8), and that fits: (size, GiB)."""
+    for sp in range(cfg.run.sequence_parallel + 1, min(devices, 8) + 1):
+        if devices % sp or _sequence_parallel_refused(shape, "", sp, devices):
+            continue
+        trial = cfg.model_copy(update={"run": cfg.run.model_copy(
+            update={"sequence_parallel": sp})})
+        parts, _, scoring = _fsdp_parts(trial, shape, devices, mem_gib, dtype_bytes, extra)
+        need = 1.1 * max(sum(parts.values()), scoring) / GIB
+        if need <= mem_gib:
+            return sp, need
+    return None
 
 
 def plan_generation(name: str, model: str, shape: Shape, dtype: str, tp: int, utilization: float,
@@ -139,7 +215,8 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
             extra = cfg.objective.resident_bytes_per_param if st.command == "train-offline" \
                 else 0
             plans.append(plan_training(st.name, cfg, shape_of(src), src, devices, mem_gib, kind,
-                                       mfu, layout, tp, pp, extra, tflops))
+                                       mfu, layout, tp, pp, extra, tflops,
+                                       scores=st.command == "train-offline"))
             plans[-1].command = st.command
         elif st.command in ("infer", "eval"):
             src = cfg.model.name_or_path

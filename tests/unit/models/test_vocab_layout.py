@@ -31,16 +31,17 @@ def test_vocab_traffic_grows_with_processes_only_when_vocab_parallel():
 
 
 @pytest.mark.slow
-def test_the_plans_traffic_is_what_the_processes_send(tmp_path):
-    """scripts/bench_comm.py's count on 2 gloo processes, both layouts: the bytes each process
-    receives for the embedding and lm-head per micro-batch are the plan's, within 2%."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_plans_traffic_is_what_the_processes_send(tmp_path, dtype):
+    """scripts/bench_comm.py's count on 2 gloo processes, both layouts, bf16 and fp16 (both
+    gather 2-byte parameters under FSDP2's mixed precision): the bytes each process receives for
+    the embedding and lm-head per micro-batch are the plan's, within 2%."""
     import sys
-
 
     script = Path(__file__).parents[3] / "scripts" / "bench_comm.py"
     for layout in ("vocab-parallel", "fsdp"):
         out = tmp_path / f"{layout}.json"
-        done = subprocess.run(torchrun_two_processes(script, "--worker", layout, out),
+        done = subprocess.run(torchrun_two_processes(script, "--worker", layout, out, dtype),
                               capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         got = max(json.loads(Path(f"{out}.{r}").read_text())["vocab"] for r in (0, 1))
@@ -48,4 +49,4 @@ def test_the_plans_traffic_is_what_the_processes_send(tmp_path):
         from bench_comm import HIDDEN, TOKENS, VOCAB
 
         plan = vocab_traffic_bytes(layout, 2, TOKENS, HIDDEN, VOCAB, True, 2, 2)
-        assert got == pytest.approx(plan, rel=0.02), (layout, got, plan)
+        assert got == pytest.approx(plan, rel=0.02), (layout, dtype, got, plan)

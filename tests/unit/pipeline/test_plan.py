@@ -10,17 +10,49 @@ REPO = Path(__file__).resolve().parents[3]
 PCL = REPO / "configs" / "pcl_reasoner_v1_5" / "recipe.yaml"
 
 
-def test_pcl_on_64_npus_of_64_gib_fits_as_pcl_ran_it_and_not_with_fsdp_alone():
-    ran = plan.plan_recipe(PCL, 64, 64.0, "npu", layout="mindspeed", tp=8, pp=4)
-    assert [p.name for p in ran] == ["sft", "samples", "verify", "train-offline", "aime24",
-                                     "aime25"]
-    assert all(p.fits for p in ran), [(p.name, p.verdict) for p in ran]
-    fsdp = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "npu")}
-    assert not fsdp["train-offline"].fits and "mindspeed" in fsdp["train-offline"].verdict
-    # 32K-token packed rows of a 32B model: activations dominate without tensor parallelism
-    assert max(fsdp["sft"].parts, key=fsdp["sft"].parts.get) == "activations"
+@pytest.mark.parametrize("mem, kind", [(64.0, "910b"), (80.0, "h100")])
+def test_pcl_on_64_devices_fits_every_stage_with_this_trainer(mem, kind):
+    """PCL-Reasoner-V1.5 on 64 devices of 64 GiB (Ascend 910B) or 80 GiB (H100): every stage
+    fits with the project's FSDP2 trainer, train-offline's 51,200-token rows shared by 4
+    processes (the recipe's run.sequence_parallel)."""
+    plans = {p.name: p for p in plan.plan_recipe(PCL, 64, mem, kind)}
+    assert list(plans) == ["sft", "samples", "verify", "train-offline", "aime24", "aime25"]
+    assert all(p.fits for p in plans.values()), [(p.name, p.verdict) for p in plans.values()]
+    rl = plans["train-offline"]
+    assert rl.parts["activations"] == pytest.approx(59.6 / 4, abs=0.05)  # a quarter of the row
+    assert any(n.startswith("scoring forward") for n in rl.notes)
     # vLLM TP 8: bf16 weights are 2 bytes x 32.8B / 8 per device
-    assert fsdp["samples"].parts["weights"] == pytest.approx(2 * 32_763_876_352 / 8 / 2**30)
+    assert plans["samples"].parts["weights"] == pytest.approx(2 * 32_763_876_352 / 8 / 2**30)
+    # as PCL ran it (MindSpeed TP 8 x PP 4) the plan fits too
+    assert all(p.fits for p in plan.plan_recipe(PCL, 64, mem, kind, layout="mindspeed"))
+
+
+def test_without_sequence_parallelism_the_advice_names_it_and_nothing_already_on():
+    """One process per row: train-offline's activations (59.6 GiB) do not shrink with the
+    devices. The plan says which run.sequence_parallel fits, and never to turn on gradient
+    checkpointing, which the recipe already has on."""
+    rl = {p.name: p for p in plan.plan_recipe(
+        PCL, 64, 64.0, "910b", overrides=["train-offline.run.sequence_parallel=1"])}
+    verdict = rl["train-offline"].verdict
+    assert not rl["train-offline"].fits
+    assert verdict.startswith("does not fit: set run.sequence_parallel=2 (then 63.4 GiB")
+    assert "gradient_checkpointing" not in verdict and "mindspeed" not in verdict
+
+
+def test_a_sequence_parallel_size_the_heads_do_not_split_is_refused():
+    """SmolLM2-135M has 9 query heads and 3 key/value heads: 2 does not divide them."""
+    from reasoner.models.shapes import shape_from_config
+
+    smol = shape_from_config(dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                  num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                  tie_word_embeddings=True))
+    from reasoner.config import OfflineConfig
+
+    cfg = OfflineConfig.model_validate({"model": {"name_or_path": "smol"}, "input_dir": "v",
+                                        "output_dir": "o", "run": {"sequence_parallel": 2}})
+    estimate = plan.plan_training("rl", cfg, smol, "smol", 8, 80.0, "h100", 0.35)
+    assert not estimate.fits
+    assert "9 query heads and 3 key/value heads" in estimate.verdict
 
 
 def test_the_cli_exits_1_when_a_stage_does_not_fit():
