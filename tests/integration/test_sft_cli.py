@@ -82,7 +82,9 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir):
     root = tmp_path_factory.mktemp("sft_two_process")
     jobs = [args(synth_dir, tiny_model_dir, root / "whole", *SHARDED),
             args(synth_dir, tiny_model_dir, root / "fp16", *FP16_BACKOFF),
-            args(synth_dir, tiny_model_dir, root / "sp", *SHARDED, "run.sequence_parallel=2")]
+            # sequence parallel, activations recomputed (the all-to-alls run again in backward)
+            args(synth_dir, tiny_model_dir, root / "sp", *SHARDED, "run.sequence_parallel=2",
+                 "run.gradient_checkpointing=true")]
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
                           text=True, timeout=1200, env=SUBPROCESS_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -122,6 +124,21 @@ def test_saved_folder_loads_with_auto_classes(tmp_path, synth_dir, tiny_model_di
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
     rerun = reasoner(*args(synth_dir, tiny_model_dir, out, "run.max_steps=2"))
     assert rerun.returncode == 0  # finished with the same config: nothing to do
+
+
+def test_a_sequence_parallel_size_that_cannot_run_is_refused_at_start(tmp_path, synth_dir,
+                                                                     tiny_model_dir):
+    """The tiny model's 4 query heads do not split into 3; 2 processes per row need a multiple
+    of 2 processes; padded rows cannot be split: each a one-paragraph error before any work."""
+    r = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "a", "run.sequence_parallel=3"))
+    assert r.returncode == 2 and "it has 4 query heads and 2 key/value heads" in r.stderr
+    assert "Sizes this model allows: 2, 4" in r.stderr
+    r = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "b", "run.sequence_parallel=2"))
+    assert r.returncode == 2 and "does not divide the 1 processes into whole groups" in r.stderr
+    r = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "c", "run.sequence_parallel=2",
+                       "packing=false"))
+    assert r.returncode == 2 and "splits packed rows: set packing=true" in r.stderr
+    assert not any((tmp_path / n).exists() for n in "abc")
 
 
 def test_bad_inputs_give_clear_errors(tmp_path, synth_dir, tiny_model_dir):
