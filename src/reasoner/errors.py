@@ -34,3 +34,12 @@ class DependencyError(ReasonerError, ImportError):
 
 class TrainingError(ReasonerError, RuntimeError):
     """Training cannot go on (non-finite loss, no usable samples); the message says what to do."""
+
+
+class Stopped(Exception):
+    """A run ended early on a signal (SIGTERM or SIGHUP, as a scheduler or a closed terminal
+    sends): not an error, the command says where it stopped and that a rerun resumes."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.signal_number = signal_number

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from reasoner import __version__, models, shards, training
+from reasoner import __version__, models, outputs, training
 from reasoner import device as dev
-from reasoner.config import SFTConfig, dump
+from reasoner.config import SFTConfig
 from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
@@ -167,50 +167,54 @@ def step_loss(policy: torch.nn.Module, batch: packing.Batch, denom: float, scale
 def run(cfg: SFTConfig) -> Path:
     """Train; return the folder of the final HF model (`output_dir/final`)."""
     out = Path(cfg.output_dir)
-    if shards.finished(out, dump(cfg)):
+    identity, action = training.claim(cfg, "sft")
+    if action == "complete":
         return out / "final"
     models.check_model(cfg.model.name_or_path)
     check_sinks(cfg.run.tracking)
     env = training.setup(cfg.model, cfg.run, out)
     device, dist, dtype = env.device, env.dist, env.dtype
-    attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing,
-                          SequenceGroup.of(dist))
-    tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
-    rows = plan_rows(data, cfg)
-    lengths = [sum(data.length(i) for i in row) for row in rows]
-    ckpt = training.resume_point(out, cfg.run)
-    loaded = training.load_policy(cfg.model, ckpt or cfg.model.name_or_path, env,
-                                  cfg.run.logprob_chunk, attn=attn.implementation,
-                                  vocab=vocab_split(cfg, env))
-    state = training.start(cfg, "sft", env, tokenizer, loaded,
-                           schedule.total_steps(len(rows), cfg.run), ckpt,
-                           {"model": cfg.model.name_or_path, "data": cfg.data.path})
-    pad = tokenizer.pad_token_id
-    per_epoch = schedule.steps_per_epoch(len(rows), cfg.run.global_batch)
-    last: dict[str, float] = {}
-    with training.progress(state, "sft"):
-        for step in range(state.first_step, state.total_steps):
-            step_rows = schedule.global_batch_rows(len(rows), cfg.run.global_batch, cfg.run.seed,
-                                                   step)
-            denom = sum(data.targets(i) for r in step_rows for i in rows[r])
-            mbs = micro_batches(step_rows, cfg, dist, lengths)
-            m = training.accumulate(
-                state, mbs, lambda mb, scale, denom=denom: step_loss(
-                    state.policy, collate(data, [rows[r] for r in mb], cfg, pad, attn.varlen),
-                    denom, scale, device, dtype),
-                dummy=step_rows[:1])
-            loss = m["nll"] / denom
-            last = {"loss": loss, **training.optimizer_step(state, loss, step)}
-            state.tokens += m["real"]
-            speed = state.tokens / max(state.timer.elapsed(), 1e-9)
-            last = training.end_step(state, step, {
-                **last, "packing_efficiency": m["real"] / m["slots"],
-                "epoch": (step + 1) / per_epoch, "response_tokens": denom},
-                info=f"loss {loss:.4f}  {speed:,.0f} tok/s")
-    return training.finish(state, {
-        "examples": len(data.ids), "dropped_over_max_tokens": data.dropped, "rows": len(rows),
-        "packing_efficiency": packing.efficiency(data.lengths, rows, cfg.seq_len)
-        if cfg.packing else None,
-        "tokens_this_run": int(state.tokens), "final_loss": last.get("loss"),
-        "token_cache_hit": data.cache_hit})
+    with outputs.writing(out, identity, action, dist):
+        attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing,
+                              SequenceGroup.of(dist))
+        tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+        data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
+        training.warn_dropped("sft", data.dropped, len(data.table), cfg.max_tokens, dist,
+                              "examples")
+        rows = plan_rows(data, cfg)
+        lengths = [sum(data.length(i) for i in row) for row in rows]
+        ckpt = training.resume_point(out, cfg.run, identity.digest)
+        loaded = training.load_policy(cfg.model, ckpt or cfg.model.name_or_path, env,
+                                      cfg.run.logprob_chunk, attn=attn.implementation,
+                                      vocab=vocab_split(cfg, env))
+        state = training.start(cfg, env, tokenizer, loaded,
+                               schedule.total_steps(len(rows), cfg.run), ckpt, identity.digest)
+        pad = tokenizer.pad_token_id
+        per_epoch = schedule.steps_per_epoch(len(rows), cfg.run.global_batch)
+        last: dict[str, float] = {}
+        with training.progress(state, "sft"):
+            for step in range(state.first_step, state.total_steps):
+                step_rows = schedule.global_batch_rows(len(rows), cfg.run.global_batch,
+                                                       cfg.run.seed, step)
+                denom = sum(data.targets(i) for r in step_rows for i in rows[r])
+                mbs = micro_batches(step_rows, cfg, dist, lengths)
+                m = training.accumulate(
+                    state, mbs, lambda mb, scale, denom=denom: step_loss(
+                        state.policy, collate(data, [rows[r] for r in mb], cfg, pad, attn.varlen),
+                        denom, scale, device, dtype),
+                    dummy=step_rows[:1])
+                loss = m["nll"] / denom
+                last = {"loss": loss, **training.optimizer_step(state, loss, step)}
+                state.tokens += m["real"]
+                speed = state.tokens / max(state.timer.elapsed(), 1e-9)
+                last = training.end_step(state, step, {
+                    **last, "packing_efficiency": m["real"] / m["slots"],
+                    "epoch": (step + 1) / per_epoch, "response_tokens": denom},
+                    info=f"loss {loss:.4f}  {speed:,.0f} tok/s")
+        return training.finish(state, {
+            "examples": len(data.ids), "dropped_over_max_tokens": data.dropped, "rows": len(rows),
+            "packing_efficiency": packing.efficiency(data.lengths, rows, cfg.seq_len)
+            if cfg.packing else None,
+            "tokens_this_run": int(state.tokens), "final_loss": last.get("loss"),
+            "token_cache_hit": data.cache_hit},
+            trained_with={"template": cfg.template.model_dump(mode="json")})

@@ -17,6 +17,7 @@ reference, ProRL's plateau tracker) is rl/auxiliary.py's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from reasoner import device as dev
-from reasoner import models, shards, training
-from reasoner.config import ObjectiveConfig, OfflineConfig, dump
+from reasoner import models, outputs, training
+from reasoner.config import ObjectiveConfig, OfflineConfig
 from reasoner.device import Env
 from reasoner.models.attention import plan_attention
 from reasoner.models.sequence_parallel import SequenceGroup
@@ -42,39 +43,55 @@ from reasoner.training import schedule
 def run(cfg: OfflineConfig) -> Path:
     """Train; return the final HF model folder (`output_dir/final`)."""
     out, obj = Path(cfg.output_dir), cfg.objective
-    if shards.finished(out, dump(cfg)):
+    identity, action = training.claim(cfg, "train-offline")
+    if action == "complete":
         return out / "final"
     check_inputs(cfg)
     env = training.setup(cfg.model, cfg.run, out)
-    tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    data = load_rollouts(cfg, tokenizer, env.dist)
-    train_idx, val_idx = reference.split_validation(data, obj, cfg.run.seed)
-    ckpt = training.resume_point(out, cfg.run)
-    ready = prepare(cfg, env, tokenizer.pad_token_id, data, ckpt)
-    state = training.start(cfg, "train-offline", env, tokenizer, ready.trained,
-                           schedule.total_steps(len(train_idx), cfg.run), ckpt,
-                           {"model": cfg.model.name_or_path, "verified": str(cfg.input_dir)})
-    aux = Auxiliary(token_rm.load_token_rm(cfg, env, ready.attn, ready.vocab)
-                    if obj.uses_token_rm else None, ready.reference,
-                    reference.Plateau(obj.reset_patience) if val_idx else None)
-    aux.restore(ckpt, state.saved)
-    state.aux = aux.shards if aux.models()[0] else None
-    warm = []
-    if aux.token_rm is not None and state.first_step == 0 and obj.rm_warmup_steps:
-        warm = token_rm.warm_up(aux.token_rm, state, data, train_idx, ready.batching,
-                                obj.rm_warmup_steps)
-    micro = MicroStep(obj, data, ready.inputs, ready.batching, env, aux.reference, aux.token_rm)
-    last: dict[str, float] = {}
-    with training.progress(state, f"train-offline ({obj.name})"):
-        for step in range(state.first_step, state.total_steps):
-            last = train_step(state, step, micro, train_idx, aux)
-            if aux.plateau is not None and (step + 1) % obj.val_every == 0:
-                last.update(validate(state, data, val_idx, aux, ready.batching, env))
-            state.tokens += last.pop("tokens")
-            last = training.end_step(state, step, last, f"loss {last['loss']:.4f}",
-                                     aux.trainer_state)
-    return training.finish(state, summary(obj, data, ready.inputs, aux, val_idx, warm, last),
-                           aux.trainer_state)
+    with outputs.writing(out, identity, action, env.dist):
+        tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+        data = load_rollouts(cfg, tokenizer, env.dist)
+        training.warn_dropped("train-offline", data.dropped, len(data.ids) + data.dropped,
+                              cfg.max_tokens, env.dist)
+        train_idx, val_idx = reference.split_validation(data, obj, cfg.run.seed)
+        ckpt = training.resume_point(out, cfg.run, identity.digest)
+        ready = prepare(cfg, env, tokenizer.pad_token_id, data, ckpt)
+        state = training.start(cfg, env, tokenizer, ready.trained,
+                               schedule.total_steps(len(train_idx), cfg.run), ckpt,
+                               identity.digest)
+        aux = Auxiliary(token_rm.load_token_rm(cfg, env, ready.attn, ready.vocab)
+                        if obj.uses_token_rm else None, ready.reference,
+                        reference.Plateau(obj.reset_patience) if val_idx else None)
+        aux.restore(ckpt, state.saved)
+        state.aux = aux.shards if aux.models()[0] else None
+        warm = []
+        if aux.token_rm is not None and state.first_step == 0 and obj.rm_warmup_steps:
+            warm = token_rm.warm_up(aux.token_rm, state, data, train_idx, ready.batching,
+                                    obj.rm_warmup_steps)
+        micro = MicroStep(obj, data, ready.inputs, ready.batching, env, aux.reference,
+                          aux.token_rm)
+        last: dict[str, float] = {}
+        with training.progress(state, f"train-offline ({obj.name})"):
+            for step in range(state.first_step, state.total_steps):
+                last = train_step(state, step, micro, train_idx, aux)
+                if aux.plateau is not None and (step + 1) % obj.val_every == 0:
+                    last.update(validate(state, data, val_idx, aux, ready.batching, env))
+                state.tokens += last.pop("tokens")
+                last = training.end_step(state, step, last, f"loss {last['loss']:.4f}",
+                                         aux.trainer_state)
+        return training.finish(state, summary(obj, data, ready.inputs, aux, val_idx, warm, last),
+                               aux.trainer_state, {"template": trained_template(cfg)})
+
+
+def trained_template(cfg: OfflineConfig) -> dict:
+    """The template the model was trained to answer: its starting model's (recorded by sft or
+    an earlier train-offline), with this config's tag names."""
+    recorded = Path(cfg.model.name_or_path) / "reasoner.json"
+    template = cfg.template.model_dump(mode="json")
+    if recorded.exists():
+        before = json.loads(recorded.read_text()).get("template") or {}
+        template = {**before, **{k: template[k] for k in cfg.template.model_fields_set}}
+    return template
 
 
 def check_inputs(cfg: OfflineConfig) -> None:

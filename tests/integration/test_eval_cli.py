@@ -81,6 +81,7 @@ def test_eval_bench_resumes_without_regenerating(tiny_model_dir, synth_dir, tmp_
     assert len(lines) == 100
     part.write_bytes(b"".join(lines[:60]) + lines[60][:30])  # killed mid-row, 40 rows lost
     shards.update_manifest(out / "samples", complete=False)
+    shards.update_manifest(out, complete=False)  # the eval itself never finished
     (out / "report.json").unlink()
     again = reasoner(*args)
     manifest = json.loads((out / "samples" / "manifest.json").read_text())

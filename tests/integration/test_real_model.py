@@ -85,7 +85,8 @@ def test_every_stage_runs_on_smollm2_with_one_prompt(smollm2, tmp_path):
     reasoner("train-offline", PCL / "train_offline.yaml", f"model.name_or_path={policy}",
              f"input_dir={tmp_path / 'verified'}", f"output_dir={tmp_path / 'rl'}",
              "seq_len=1024", "max_tokens=1024", "run.global_batch=4", "run.max_steps=1",
-             "run.progress=false", "run.gradient_checkpointing=false", *cpu)
+             "run.progress=false", "run.gradient_checkpointing=false",
+             "run.sequence_parallel=1", *cpu)  # one process (SmolLM2's 9 heads split by 3 or 9)
     reasoner("eval", "bench", PCL / "eval_aime.yaml", f"model.name_or_path={tmp_path / 'rl' / 'final'}",
              "benchmark=gsm8k", f"data=[{{path: {gsm8k}, limit: 4}}]",
              f"output_dir={tmp_path / 'eval'}", "sampling.n=1", "sampling.max_tokens=24",

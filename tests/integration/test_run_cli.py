@@ -115,6 +115,11 @@ def test_run_skip_rerun_dry_run(tmp_path):
     assert untouched and all(after[p] == before[p] for p in untouched)
     for name in ("rl", "rl-r2"):  # the override reaches every round's copy of the stage
         assert yaml.safe_load((run / "configs" / f"{name}.yaml").read_text())["optim"]["lr"] == 1e-4
+    # the replaced outputs were moved aside, not deleted: one previous copy of each
+    for name in ("rl", "eval-rl", "rl-r2"):
+        previous = run / f"{name}.previous"
+        assert previous.is_dir() and (previous / "manifest.json").exists(), name
+    assert (run / "rl.previous" / "final" / "model.safetensors").exists()
 
     # --from reruns that stage and the later ones; --until stops early
     part = go(path, "rl.optim.lr=1e-4", start="eval-rl", until="verified-r2")

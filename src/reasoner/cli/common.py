@@ -6,6 +6,8 @@ modules, which import this).
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reasoner.config import SFTConfig, load
-from reasoner.errors import ConfigError, ReasonerError
+from reasoner.errors import ConfigError, ReasonerError, Stopped
 from reasoner.pipeline.recipe import RecipeConfig
 from reasoner.pipeline.registry import command_configs
 
@@ -64,16 +66,49 @@ def fail(name: str, message: str) -> NoReturn:
     raise typer.Exit(2) from None
 
 
+# Operating-system errors on a path the user chose: what to do about each.
+PATH_ERRORS = {
+    errno.EACCES: "check the permissions of that path (or choose another output_dir)",
+    errno.EPERM: "check the permissions of that path (or choose another output_dir)",
+    errno.EROFS: "the file system is read-only: choose another output_dir",
+    errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
+    errno.EISDIR: "that path is a folder where a file was expected",
+    errno.ENOENT: "no such file or folder: check the path",
+    errno.ENOSPC: "the disk is full: free some space, then rerun the same command to resume",
+    errno.EDQUOT: "the disk quota is used up: free some space, then rerun to resume",
+}
+
+
+def describe_os_error(exc: OSError) -> str | None:
+    """An OSError on a user's path as one paragraph, or None when it is not one (a bug keeps
+    its traceback)."""
+    if exc.errno not in PATH_ERRORS:
+        return None
+    where = exc.filename or "a path"
+    return f"{where}: {exc.strerror or os.strerror(exc.errno)}; {PATH_ERRORS[exc.errno]}"
+
+
 def run_stage(name: str, fn: Callable[[], Any]) -> Any:
-    """Run one stage, turning user-fixable errors into a one-paragraph message and exit code 2."""
+    """Run one stage, turning user-fixable errors into a one-paragraph message and exit code 2:
+    the project's own, and an operating-system error on a path (permissions, a file where a
+    folder should be, a full disk, a missing file)."""
     _started.setdefault(name, time.perf_counter())
     try:
         return fn()
     except USER_ERRORS as exc:
         fail(name, str(exc))
+    except OSError as exc:
+        said = describe_os_error(exc)
+        if said is None:
+            raise
+        fail(name, said)
     except KeyboardInterrupt:
         logs().print(f"[yellow]reasoner {name}: interrupted; rerun the same command to resume[/]")
         raise typer.Exit(130) from None
+    except Stopped as exc:
+        logs().print(f"reasoner {name}: {exc}; rerun the same command to resume",
+                     markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(128 + exc.signal_number) from None
 
 
 def done(name: str) -> None:

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from reasoner.cli.common import OverridesArg, done, fail, load_config, results, run_stage, summary
+from reasoner.cli.common import (
+    OverridesArg,
+    done,
+    fail,
+    load_config,
+    logs,
+    results,
+    run_stage,
+    summary,
+)
 from reasoner.config import EvalConfig
 from reasoner.pipeline.registry import STAGES
 
@@ -85,7 +94,7 @@ def eval_aime(
     if data and len(data) != len(years):
         fail("eval aime", "give one --data file per year")
     for i, y in enumerate(years):
-        sources = [local(data[i])] if data else AIME[y]
+        sources = run_stage(f"eval aime {y}", lambda i=i: [local(data[i])]) if data else AIME[y]
         sub = (out / AIME_NAMES[y]) if out and len(years) > 1 else out
         cfg = _eval_config(target, AIME_NAMES[y], sources, sub, overrides, explicit=bool(data))
         result = run_stage(f"eval aime {y}", lambda cfg=cfg: STAGES["eval"].run(cfg))
@@ -104,7 +113,7 @@ def eval_bench(
     """Any problem file (GSM8K, AMC, Minerva, the synthetic test split), same metrics."""
     from reasoner.eval.benchmarks import local
 
-    sources = [local(d) for d in data or []]
+    sources = run_stage("eval bench", lambda: [local(d) for d in data or []])
     bench = name
     if bench is None and not target.endswith((".yaml", ".yml")):
         bench = Path(data[0]).stem if data else "bench"
@@ -124,5 +133,8 @@ def eval_compare(
     from reasoner.eval.report import compare
 
     result = run_stage("eval compare", lambda: compare(reports, folder))
+    for warning in result["warnings"]:
+        logs().print(f"reasoner eval compare: warning: {warning}: the differences below are "
+                     "not the models' alone", markup=False, highlight=False, soft_wrap=True)
     results().print(result["markdown"], markup=False, highlight=False, soft_wrap=True)
     done("eval compare")

@@ -89,6 +89,14 @@ def plan_recipe(
     from reasoner.pipeline import plan
 
     kind, layout = Kind(kind).value, Layout(layout).value
+    bad = [f"{flag} {value:g} must be {rule}" for flag, value, rule, ok in (
+        ("--devices", devices, "at least 1", devices >= 1),
+        ("--device-mem-gib", mem, "above 0", mem > 0),
+        ("--mfu", mfu, "above 0 and at most 1", 0 < mfu <= 1),
+        ("--tflops", tflops or 1.0, "above 0", tflops is None or tflops > 0),
+        ("--tp", tp, "at least 1", tp >= 1), ("--pp", pp, "at least 1", pp >= 1)) if not ok]
+    if bad:
+        fail("plan", "; ".join(bad))
     plans = run_stage("plan", lambda: plan.plan_recipe(recipe, devices, mem, kind, mfu,
                                                        overrides, layout, tp, pp, tflops))
     peak = tflops or PEAK_TFLOPS[kind]

@@ -162,6 +162,10 @@ class RunConfig(Strict):
     run_name: str | None = Field(None, description="wandb run name; default: the output "
                                  "folder's name (sft, rl, eval-rl, ...)")
     progress: bool = Field(True, description="show a progress bar")
+    term_grace_s: float = Field(
+        60.0, gt=0, description="on SIGTERM / SIGHUP (a scheduler's stop, a closed terminal) the "
+        "step in progress ends on every process, and a checkpoint is saved when run.save_every "
+        "would save within the next 3 steps and the last save took less than this many seconds")
     dist_timeout_min: float = Field(
         60.0, gt=0, description="several processes: how long a collective or barrier may wait "
         "(NCCL's own default, 10, is shorter than one rank's tokenizing or checkpoint copy)")

@@ -7,11 +7,11 @@ loading (YAML + `key.sub=value` overrides) is files.py. The package re-exports a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from reasoner.config.files import Strict
+from reasoner.config.files import Strict, dump
 from reasoner.config.generation import JudgeConfig, RayConfig, SamplingConfig, VLLMConfig
 from reasoner.config.objectives import ObjectiveConfig, PCLObjective
 from reasoner.config.sections import (
@@ -23,12 +23,37 @@ from reasoner.config.sections import (
     TemplateConfig,
     TinyModelConfig,
 )
+from reasoner.outputs import without
 
 # --------------------------------------------------------------------------------------------
 # What every stage config answers
 
 
-class TrainerConfig(Strict):
+class StageConfig(Strict):
+    """A stage's config: what decides its output (`result_config`: the config less the settings
+    listed in `outside_identity`, which change how fast or where it runs, never what it makes)
+    and its inputs (`inputs()`, each stage's own)."""
+
+    outside_identity: ClassVar[tuple[str, ...]] = ()
+
+    def result_config(self) -> dict:
+        """The config less `outside_identity` and less `output_dir` (a folder copied or moved
+        elsewhere is the same output)."""
+        return without(dump(self), ("output_dir", *self.outside_identity))
+
+    def inputs(self) -> list[Input]:
+        return []
+
+
+TRAINING_SETTINGS = (  # how a trainer runs, not what it trains
+    "run.progress", "run.tracking", "run.project", "run.run_name", "run.log_every",
+    "run.save_every", "run.keep_last", "run.resume", "run.dist_timeout_min", "run.term_grace_s",
+    "run.vocab_layout",
+    "run.logprob_chunk", "run.sequence_parallel", "model.device", "model.attn_implementation",
+    "overwrite")
+
+
+class TrainerConfig(StageConfig):
     """What the training core reads of a stage config: `sft` and `train-offline` have it.
 
     Each declares the fields itself (their defaults differ); this base holds what follows from
@@ -71,8 +96,10 @@ class TrainerConfig(Strict):
 # Stage configs
 
 
-class SynthConfig(Strict):
+class SynthConfig(StageConfig):
     """`reasoner data synth`: synthetic multi-step arithmetic word problems with exact answers."""
+
+    outside_identity: ClassVar[tuple[str, ...]] = ("overwrite",)
 
     output_dir: Path = Field(..., description="folder that receives the problem and SFT shards")
     seed: int = Field(0, description="seed; the same seed gives byte-identical shards")
@@ -106,6 +133,8 @@ class SynthConfig(Strict):
 class SFTConfig(TrainerConfig):
     """`reasoner sft`: supervised fine-tuning on prompt/response pairs, loss on responses only."""
 
+    outside_identity: ClassVar[tuple[str, ...]] = (*TRAINING_SETTINGS, "cache_dir")
+
     model: ModelConfig = Field(..., description="base model to fine-tune")
     data: DataConfig = Field(..., description="SFT examples (prompt/response or messages)")
     output_dir: Path = Field(..., description="checkpoints, metrics and the final model go here")
@@ -117,14 +146,20 @@ class SFTConfig(TrainerConfig):
         None, description="token cache folder; default output_dir/token_cache")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
     run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
+    overwrite: bool = Field(False, description="replace an output folder made with another "
+                            "config or from other inputs")
 
     def inputs(self) -> list[Input]:
         return [Input("model.name_or_path", self.model.name_or_path, "model folder"),
                 Input("data.path", self.data.path, "file or folder")]
 
 
-class InferConfig(Strict):
+class InferConfig(StageConfig):
     """`reasoner infer`: n candidate answers per problem, written as a Sample shard."""
+
+    outside_identity: ClassVar[tuple[str, ...]] = (  # speed and which worker, never which samples
+        "batch_size", "vllm", "ray", "progress", "shard", "num_shards", "overwrite",
+        "model.device")
 
     model: ModelConfig = Field(..., description="policy to sample from")
     data: DataConfig = Field(..., description="problems (fields: id, problem, answer; mappable)")
@@ -185,8 +220,12 @@ class DecontamConfig(Strict):
     )
 
 
-class VerifyConfig(Strict):
+class VerifyConfig(StageConfig):
     """`reasoner verify`: Sample shard -> Verified shard (verdicts, rewards, filters)."""
+
+    outside_identity: ClassVar[tuple[str, ...]] = (
+        "workers", "memory_mb", "progress", "overwrite", "judge.batch_size", "judge.vllm",
+        "judge.ray")
 
     input_dir: Path = Field(..., description="Sample shard written by `reasoner infer`")
     output_dir: Path = Field(..., description="Verified shard folder")
@@ -212,6 +251,8 @@ class VerifyConfig(Strict):
     filters: FilterConfig = Field(default_factory=FilterConfig, description="filters")
     decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="decontamination")
     progress: bool = Field(True, description="show a progress bar")
+    overwrite: bool = Field(False, description="replace an output folder made with another "
+                            "config or from other inputs")
 
     def inputs(self) -> list[Input]:
         found = [Input("input_dir", str(self.input_dir), "shard folder")]
@@ -221,8 +262,12 @@ class VerifyConfig(Strict):
                         for i, d in enumerate(self.decontam.benchmarks)]
 
 
-class EvalConfig(Strict):
+class EvalConfig(StageConfig):
     """`reasoner eval aime` / `eval bench`: k samples per problem, rule-verified, with a report."""
+
+    outside_identity: ClassVar[tuple[str, ...]] = (
+        "batch_size", "vllm", "ray", "workers", "progress", "tracking", "project", "run_name",
+        "overwrite", "model.device", "judge.batch_size", "judge.vllm", "judge.ray")
 
     model: ModelConfig = Field(..., description="model to evaluate")
     benchmark: str = Field("bench", description="name shown in reports (aime24, gsm8k, ...)")
@@ -259,6 +304,8 @@ class EvalConfig(Strict):
     run_name: str | None = Field(None, description="wandb run name; default: the output "
                                  "folder's name")
     progress: bool = Field(True, description="show progress bars")
+    overwrite: bool = Field(False, description="replace an eval folder made with another "
+                            "config or from other inputs")
 
     def inputs(self) -> list[Input]:
         found = [Input("model.name_or_path", self.model.name_or_path, "model folder")]
@@ -269,6 +316,8 @@ class EvalConfig(Strict):
 
 class OfflineConfig(TrainerConfig):
     """`reasoner train-offline`: train on a fixed, verified rollout set."""
+
+    outside_identity: ClassVar[tuple[str, ...]] = TRAINING_SETTINGS
 
     model: ModelConfig = Field(..., description="policy to train (usually the SFT model)")
     input_dir: Path = Field(..., description="Verified shard from `reasoner verify`")
@@ -288,6 +337,8 @@ class OfflineConfig(TrainerConfig):
         default_factory=lambda: RunConfig(global_batch=128),
         description="global_batch counts samples here; micro_batch counts rows",
     )
+    overwrite: bool = Field(False, description="replace an output folder made with another "
+                            "config or from other inputs")
 
     @model_validator(mode="after")
     def _reference_is_used(self) -> OfflineConfig:
@@ -318,8 +369,10 @@ class OfflineConfig(TrainerConfig):
         return found
 
 
-class TinyConfig(Strict):
+class TinyConfig(StageConfig):
     """`reasoner model tiny`: build a tiny Qwen2 model and BPE tokenizer from scratch."""
+
+    outside_identity: ClassVar[tuple[str, ...]] = ("overwrite",)
 
     output_dir: Path = Field(..., description="HF folder to write (config, safetensors, tokenizer)")
     corpus: list[Path] = Field(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reasoner import shards
+from reasoner import hub, shards
 from reasoner.config import DataConfig
 from reasoner.data import sources
+from reasoner.errors import InputError
 from reasoner.records import Problem
 
 AIME = {
@@ -46,7 +47,11 @@ def guess_fields(path: Path) -> dict[str, str]:
 
 
 def local(path: str | Path, fields: dict[str, str] | None = None) -> DataConfig:
+    """A benchmark file given with --data; a path that is not there is one clear line."""
     path = Path(path)
+    if not path.exists():
+        why = hub.missing(str(path), "--data", "file or folder")
+        raise InputError(why or f"--data {path}: no such file")
     return DataConfig(path=str(path), fields=fields if fields is not None else guess_fields(path))
 
 

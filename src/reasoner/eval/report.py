@@ -137,6 +137,30 @@ def read_report(path: Path) -> dict:
     return report
 
 
+COMPARED = {  # what must agree for two reports to measure the same thing, and how it is named
+    "benchmark": lambda r: r.get("benchmark"),
+    "k (samples per problem)": lambda r: r.get("k"),
+    "template": lambda r: {k: v for k, v in ((r.get("config") or {}).get("template") or {}).items()
+                           if k in ("system_prompt", "instruction", "use_chat_template", "preset")},
+    "sampling.max_tokens": lambda r: ((r.get("config") or {}).get("sampling") or {}).get(
+        "max_tokens"),
+    "backend": lambda r: (r.get("config") or {}).get("backend"),
+}
+
+
+def comparability(reports: list[dict], names: list[str]) -> list[str]:
+    """What differs between the reports beyond the model (each a phrase): a difference in pass@1
+    between them then says nothing about the models alone."""
+    found = []
+    for what, read in COMPARED.items():
+        values = [read(r) for r in reports]
+        if any(v != values[0] for v in values[1:]):
+            shown = ", ".join(f"{Path(n).name or n}: {v!r}" for n, v in zip(names, values,
+                                                                             strict=True))
+            found.append(f"{what} differs ({shown})")
+    return found
+
+
 def compare(paths: list[Path], out: Path | None = None, resamples: int = 1000) -> dict:
     """Reports side by side: pass@1 differences vs the first, with a paired bootstrap interval."""
     reports = [read_report(Path(p)) for p in paths]
@@ -172,7 +196,10 @@ def compare(paths: list[Path], out: Path | None = None, resamples: int = 1000) -
             "baseline | |" if k == 0 else
             f"{100 * x['strict_diff']:+.1f} | {100 * x['strict_diff_ci95'][0]:+.1f} to "
             f"{100 * x['strict_diff_ci95'][1]:+.1f} |") for k, x in enumerate(rows)]
-    result = {"runs": rows, "markdown": "\n".join(md) + "\n"}
+    warnings = comparability(reports, [str(p) for p in paths])
+    if warnings:
+        md += ["", "**Not like for like:** " + "; ".join(warnings) + "."]
+    result = {"runs": rows, "warnings": warnings, "markdown": "\n".join(md) + "\n"}
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

@@ -8,13 +8,14 @@ when every key of every shard is present.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from reasoner import shards
-from reasoner.config import InferConfig, ModelConfig, RayConfig, VLLMConfig, dump
+from reasoner import outputs, shards
+from reasoner.config import InferConfig, ModelConfig, RayConfig, VLLMConfig
 from reasoner.data import sources
 from reasoner.data.template import render_prompt
 from reasoner.errors import DataError
@@ -59,42 +60,37 @@ def without_engine_settings(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in ENGINE_SETTINGS}
 
 
-def _config_key(cfg: InferConfig) -> dict:
-    """The config that defines the folder's contents (engine settings and overwrite do not)."""
-    data = without_engine_settings(dump(cfg))
-    data.pop("overwrite")
-    return data
-
-
 def run(cfg: InferConfig) -> Path:
     """Generate this worker's samples (`cfg.shard` of `cfg.num_shards`) into `cfg.output_dir`;
-    return the folder."""
+    return the folder. Each worker holds the lock of its own part for the whole run."""
     from reasoner.models.load import check_model
 
     out = Path(cfg.output_dir)
+    outputs.check_not_an_input(out, cfg.inputs())
     problems = load_problems(cfg)
-    config = _config_key(cfg)
-    if shards.finished(out, config):
+    identity = outputs.Identity.of("infer", cfg.result_config(), cfg.inputs())
+    action = outputs.decide(out, identity, cfg.overwrite)
+    if action == "complete":
+        print(outputs.said_complete("infer", out), file=sys.stderr)
         return out
     check_model(cfg.model.name_or_path)  # before the folder is claimed: a fixed rerun just runs
-    shards.begin(out, "infer", config, {"model": cfg.model.name_or_path, "data": cfg.data.path},
-                 overwrite=cfg.overwrite)
-    mine = problems[cfg.shard::cfg.num_shards]
-    done = shards.present_keys(out, Sample)
-    todo = [(p, k) for p in mine for k in range(cfg.sampling.n) if (p["id"], k) not in done]
-    stats = {"generated": 0, "tokens": 0, "prompt_too_long": 0}
-    started = time.perf_counter()
-    if todo:
-        gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
-                             cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size, cfg.ray)
-        stats["load_seconds"] = time.perf_counter() - started  # model load / engine start
+    with outputs.writing(out, identity, action, lock=f"writer-{cfg.shard}"):
+        mine = problems[cfg.shard::cfg.num_shards]
+        done = shards.present_keys(out, Sample)
+        todo = [(p, k) for p in mine for k in range(cfg.sampling.n) if (p["id"], k) not in done]
+        stats = {"generated": 0, "tokens": 0, "prompt_too_long": 0}
         started = time.perf_counter()
-        try:
-            _generate(cfg, gen, todo, out, stats)
-        finally:
-            gen.close()
-    stats["seconds"] = time.perf_counter() - started  # generation alone
-    _finish_if_complete(out, problems, cfg.sampling.n, stats)
+        if todo:
+            gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
+                                 cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size, cfg.ray)
+            stats["load_seconds"] = time.perf_counter() - started  # model load / engine start
+            started = time.perf_counter()
+            try:
+                _generate(cfg, gen, todo, out, stats)
+            finally:
+                gen.close()
+        stats["seconds"] = time.perf_counter() - started  # generation alone
+        _finish_if_complete(out, problems, cfg.sampling.n, stats)
     return out
 
 

@@ -33,6 +33,50 @@ def check_model(name_or_path: str, key: str = "model.name_or_path") -> None:
         raise InputError(f"{key}={name_or_path} is not a model folder: it has no config.json"
                          + (" (it holds a .gguf file: convert it with `reasoner model import`)"
                             if any(path.glob("*.gguf")) else ""))
+    if path.is_dir():
+        check_whole(path, key)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def check_whole(folder: Path, key: str = "model.name_or_path") -> None:
+    """A local model folder is whole before a stage writes anything: a tokenizer (without one
+    transformers builds a one-token tokenizer and every stage fails far away from the cause)
+    and weights whose safetensors headers read and whose files are as long as their headers
+    say (a truncated copy), each problem naming the file."""
+    if not any((folder / name).exists() for name in TOKENIZER_FILES):
+        raise InputError(f"{key}={folder} has no tokenizer ({', '.join(TOKENIZER_FILES)}): copy "
+                         "the tokenizer files of the model into it, or re-save it with "
+                         "`reasoner model import`")
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights and not any(folder.glob("*.bin")):
+        raise InputError(f"{key}={folder} has no weights (*.safetensors)")
+    for file in weights:
+        why = _safetensors_problem(file)
+        if why:
+            raise InputError(f"{key}={folder}: {file.name} {why}; copy it again, or re-save the "
+                             "model with `reasoner model import`")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file's header or length, or None."""
+    import struct
+
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > size - 8:
+                return f"is cut short: its header says {length} bytes, the file has {size}"
+            header = json.loads(fh.read(length))
+    except (struct.error, ValueError) as exc:
+        return f"has no readable safetensors header ({exc})"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"),
+              default=0)
+    if 8 + length + end > size:
+        return f"is cut short: {size} bytes where its header needs {8 + length + end}"
+    return None
 
 
 def _from_hub(load, name_or_path: str, **kwargs: Any) -> Any:

@@ -142,6 +142,18 @@ def _execute(stage: StageRun, config_path: Path) -> None:
     STAGES[stage.command].run(stage.config)
 
 
+def set_aside(out: Path) -> str:
+    """Move a stage's previous output to `<out>.previous` (replacing an older one: one copy is
+    kept) instead of deleting it; say where, and what it costs on disk."""
+    previous = out.with_name(out.name + ".previous")
+    if previous.exists():
+        shutil.rmtree(previous)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    out.rename(previous)
+    return (f"the previous output is kept in {previous} ({size / 2**30:.2f} GiB; delete it to "
+            "free the space; the next replacement overwrites it)")
+
+
 def _save_state(run_dir: Path, state: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     shards.atomic_write_text(run_dir / STATE, json.dumps(state, indent=2, sort_keys=True) + "\n")
@@ -186,8 +198,7 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
             continue
         path = run_dir / "configs" / f"{s.name}.yaml"
         if s.status in ("run", "rerun") and s.out.exists():
-            echo(f"[{s.status}] {s.name}: {s.reason}; replacing {s.out}")
-            shutil.rmtree(s.out)
+            echo(f"[{s.status}] {s.name}: {s.reason}; {set_aside(s.out)}")
         else:
             echo(f"[{s.status}] {s.name}: {s.reason}")
         _write_config(s, path)

@@ -19,15 +19,17 @@ from reasoner.training.loop import (
 )
 from reasoner.training.policy import (
     Loaded,
+    claim,
     load_policy,
     load_weights,
     load_wrapped,
     resume_point,
     setup,
+    warn_dropped,
 )
 
 __all__ = [
-    "Loaded", "MicroOut", "TrainState", "accumulate", "end_step", "finish", "load_policy",
+    "Loaded", "MicroOut", "claim", "TrainState", "accumulate", "end_step", "finish", "load_policy",
     "load_weights", "load_wrapped", "optimizer_step", "progress", "resume_point", "setup",
-    "start",
+    "start", "warn_dropped",
 ]

@@ -46,9 +46,20 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
+def latest_checkpoint(out_dir: Path, identity: str | None = None) -> Path | None:
+    """The newest checkpoint (made under `identity`, when given: a checkpoint of another config
+    or other inputs is never resumed from)."""
     ckpts = list_checkpoints(out_dir)
+    if identity is not None:
+        ckpts = [c for c in ckpts if _identity_of(c) == identity]
     return ckpts[-1] if ckpts else None
+
+
+def _identity_of(ckpt: Path) -> str | None:
+    try:
+        return json.loads((ckpt / "trainer_state.json").read_text()).get("identity")
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def full_state(policy: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:

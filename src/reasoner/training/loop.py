@@ -13,7 +13,11 @@ was cut.
 
 from __future__ import annotations
 
+import json
 import math
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +31,7 @@ from reasoner import device as dev
 from reasoner import shards
 from reasoner.config import OptimConfig, RunConfig, TrainerConfig, dump
 from reasoner.device import DistInfo, Env
-from reasoner.errors import TrainingError
+from reasoner.errors import Stopped, TrainingError
 from reasoner.runlog import MetricsLog, Timer, progress_bar
 from reasoner.training import checkpoints, schedule
 from reasoner.training.policy import Loaded
@@ -72,12 +76,14 @@ class TrainState:
     skipped: int = 0  # ... and in all, this invocation
     bar: Any = None
     aux: Callable[[], dict] | None = None  # auxiliary models' shards to checkpoint (aux_state)
+    identity: str = ""  # what the run is made from (outputs.Identity.digest): every checkpoint
+    last_save_s: float = 0.0  # how long the last checkpoint took (a stop signal's grace)
 
 
-def start(cfg: TrainerConfig, stage: str, env: Env, tokenizer: Any, loaded: Loaded,
-          total_steps: int, ckpt: Path | None, inputs: dict) -> TrainState:
+def start(cfg: TrainerConfig, env: Env, tokenizer: Any, loaded: Loaded, total_steps: int,
+          ckpt: Path | None, identity: str) -> TrainState:
     """Build optimiser and schedule for the model of `policy.load_policy`, restore `ckpt` when
-    resuming."""
+    resuming; `identity`: the run's (outputs.Identity.digest), saved in every checkpoint."""
     device, dist, dtype = env.device, env.dist, env.dtype
     model, policy = loaded.model, loaded.policy
     if cfg.run.gradient_checkpointing:
@@ -98,18 +104,16 @@ def start(cfg: TrainerConfig, stage: str, env: Env, tokenizer: Any, loaded: Load
         log.truncate_after(saved["step"])
     else:
         log.reset()  # a fresh start: rows of an earlier, dead run would corrupt the curves
-    if dist.is_main:
-        shards.update_manifest(cfg.output_dir, stage=stage, config=config, complete=False,
-                               inputs=inputs)
     return TrainState(cfg.optim, cfg.run, Path(cfg.output_dir), device, dist, dtype, tokenizer,
                       model, policy, optimizer, scheduler, total_steps, saved.get("step", 0),
-                      saved, log, scaler)
+                      saved, log, scaler, identity=identity)
 
 
 @contextmanager
 def progress(state: TrainState, description: str) -> Iterator[None]:
-    """The run's progress bar (main process only), open for the loop's duration."""
-    with progress_bar(state.settings.progress and state.dist.is_main) as bar:
+    """The run's progress bar (main process only), open for the loop's duration, and the stop
+    signals listened for meanwhile (`listen_for_stop`)."""
+    with progress_bar(state.settings.progress and state.dist.is_main) as bar, listen_for_stop():
         state.bar = (bar, bar.add_task(description, total=state.total_steps,
                                        completed=state.first_step, info=""))
         yield
@@ -220,7 +224,8 @@ def _count_skip(state: TrainState, skipped: bool, step: int, why: str) -> None:
 
 def end_step(state: TrainState, step: int, metrics: dict[str, float], info: str,
              extra_state: Callable[[], dict] = dict) -> dict[str, float]:
-    """Log (every run.log_every steps and the last), advance the bar, checkpoint when due."""
+    """Log (every run.log_every steps and the last), advance the bar, checkpoint when due; on a
+    stop signal end the run here (`stop_here`)."""
     done, rc = step + 1, state.settings
     metrics = {**metrics, "tokens_per_s": state.tokens / max(state.timer.elapsed(), 1e-9),
                **dev.memory_stats(state.device)}
@@ -228,30 +233,86 @@ def end_step(state: TrainState, step: int, metrics: dict[str, float], info: str,
         state.metrics.log(done, metrics)
     if state.bar is not None:
         state.bar[0].update(state.bar[1], advance=1, info=info)
+    saved = False
     if rc.save_every and done % rc.save_every == 0 and done < state.total_steps:
         _save(state, done, extra_state)
+        saved = True
+    if done < state.total_steps:
+        stop_here(state, done, saved, extra_state)
     return metrics
+
+
+# Signals a scheduler or a terminal sends to end a job; the run stops at the end of a step.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_stop: dict[str, int] = {}
+
+
+@contextmanager
+def listen_for_stop() -> Iterator[None]:
+    """For the block, SIGTERM / SIGHUP end the run at the end of the current step instead of
+    killing it (main thread only: elsewhere a handler cannot be set); the handlers before are
+    put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _stop.clear()
+    before = {sig: signal.signal(sig, lambda number, frame: _stop.setdefault("signal", number))
+              for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def stop_here(state: TrainState, done: int, saved: bool,
+              extra_state: Callable[[], dict]) -> None:
+    """End the run after step `done` when a stop signal came (on any process: every process
+    stops at the same step). A checkpoint is saved first when run.save_every would save within
+    the next 3 steps and the last save took less than run.term_grace_s."""
+    number = _stop.get("signal", 0)
+    if state.dist.world_size > 1:
+        number = int(dev.all_reduce([number], state.dist, state.device, "max")[0])
+    if not number:
+        return
+    rc = state.settings
+    due = rc.save_every and rc.save_every - done % rc.save_every <= 3
+    if due and not saved and state.last_save_s <= rc.term_grace_s:
+        _save(state, done, extra_state)
+    state.metrics.close()
+    last = checkpoints.latest_checkpoint(state.out, state.identity)
+    name = signal.Signals(number).name
+    raise Stopped(f"stopped by {name} after step {done} of {state.total_steps}; last "
+                  f"checkpoint: {last or 'none (the rerun starts from the beginning)'}", number)
 
 
 def _save(state: TrainState, step: int, extra_state: Callable[[], dict]) -> Path:
     """Checkpoint `step`: weights, optimiser, schedule, the stage's own state and the fp16 loss
     scale, and the auxiliary models' shards."""
-    saved = extra_state()
+    saved = {**extra_state(), "identity": state.identity}
     if state.scaler is not None:
         saved["loss_scaler"] = state.scaler.state_dict()
-    return checkpoints.save_checkpoint(state.out, step, state.policy, state.model,
+    began = time.perf_counter()
+    path = checkpoints.save_checkpoint(state.out, step, state.policy, state.model,
                                        state.tokenizer, state.optimizer, state.scheduler, saved,
                                        state.settings.keep_last, state.dist,
                                        state.aux() if state.aux else None)
+    state.last_save_s = time.perf_counter() - began
+    return path
 
 
-def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = dict) -> Path:
-    """Save the last checkpoint, publish it as `output_dir/final`, mark the folder complete."""
+def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = dict,
+           trained_with: dict | None = None) -> Path:
+    """Save the last checkpoint, publish it as `output_dir/final`, mark the folder complete.
+    `trained_with` (the prompt template) is recorded in `final/reasoner.json`: eval reads it."""
     ckpt = _save(state, state.total_steps, extra_state)
     state.metrics.summary(counts)
     state.metrics.close()
     if state.dist.is_main:
         final = checkpoints.publish_final(state.out, ckpt)
+        if trained_with:
+            shards.atomic_write_text(final / "reasoner.json", json.dumps(
+                {"trained_by": "reasoner", **trained_with}, indent=2, sort_keys=True) + "\n")
         shards.update_manifest(state.out, complete=True, counts={
             "steps": state.total_steps, "resumed_from": state.first_step,
             "skipped_steps": state.skipped, "processes": state.dist.world_size,

@@ -6,6 +6,7 @@ that no process ever holds a whole model.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,8 @@ import torch
 from torch import nn
 
 from reasoner import device as dev
-from reasoner.config import ModelConfig, RunConfig
+from reasoner import outputs
+from reasoner.config import ModelConfig, RunConfig, TrainerConfig
 from reasoner.device import Env
 from reasoner.models import sequence_parallel
 from reasoner.models.sequence_parallel import SequenceGroup
@@ -31,6 +33,27 @@ class Loaded:
     policy: nn.Module
 
 
+def claim(cfg: TrainerConfig, stage: str) -> tuple[outputs.Identity, str]:
+    """What this run does in its output folder (`outputs.decide`: complete, resume, new,
+    replace), decided before any work: an output that is one of the inputs, a folder another
+    stage or another config made, or an unfinished input shard are refused here. Every process
+    reads the same; the main one says when there is nothing to do."""
+    outputs.check_not_an_input(cfg.output_dir, cfg.inputs())
+    for found in cfg.inputs():
+        if found.kind in ("shard folder", "file or folder") and Path(found.value).is_dir():
+            outputs.require_complete(Path(found.value), found.key, _finishing(found.key))
+    identity = outputs.Identity.of(stage, cfg.result_config(), cfg.inputs())
+    action = outputs.decide(Path(cfg.output_dir), identity, cfg.overwrite)
+    if action == "complete" and dev.is_main_process():
+        print(outputs.said_complete(stage, Path(cfg.output_dir)), file=sys.stderr)
+    return identity, action
+
+
+def _finishing(key: str) -> str:
+    return {"input_dir": "rerun the `reasoner verify` that writes it",
+            "data.path": "rerun the stage that writes it"}.get(key, "rerun the stage that writes it")
+
+
 def setup(model: ModelConfig, run: RunConfig, output_dir: Path | None = None) -> Env:
     """Device, process group and compute dtype of a training run; seeds torch. With several
     processes, every one must see the same `output_dir` (`device.check_same_folder`)."""
@@ -43,9 +66,12 @@ def setup(model: ModelConfig, run: RunConfig, output_dir: Path | None = None) ->
     return Env(device, dist, dev.pick_dtype(model.dtype, device))
 
 
-def resume_point(output_dir: Path, run: RunConfig) -> Path | None:
-    """The checkpoint this run continues from (run.resume=auto), or None for a fresh start."""
-    return checkpoints.latest_checkpoint(output_dir) if run.resume == "auto" else None
+def resume_point(output_dir: Path, run: RunConfig, identity: str | None = None) -> Path | None:
+    """The checkpoint this run continues from (run.resume=auto): the newest one made under this
+    `identity` (outputs.Identity.digest), or None for a fresh start."""
+    if run.resume != "auto":
+        return None
+    return checkpoints.latest_checkpoint(output_dir, identity)
 
 
 def load_weights(model: ModelConfig, source: str | Path, device: torch.device,
@@ -87,3 +113,13 @@ def load_policy(model: ModelConfig, source: str | Path, env: Env, chunk: int,
     sp = SequenceGroup.of(env.dist)
     return load_wrapped(model, source, env, lambda m: PolicyLogprobs(m, chunk, temperature, sp),
                         attn, vocab)
+
+
+def warn_dropped(stage: str, dropped: int, total: int, max_tokens: int, dist: dev.DistInfo,
+                 what: str = "samples") -> None:
+    """Say at the start, not in the final table, when more than 5% of the data is dropped for
+    its length (the summary counts them too)."""
+    if total and dropped / total > 0.05 and dist.is_main:
+        print(f"reasoner {stage}: warning: {dropped} of {total} {what} ({100 * dropped / total:.1f}%)"
+              f" are longer than max_tokens={max_tokens} (or have no response) and are dropped; "
+              "raise max_tokens to train on them", file=sys.stderr)

@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from reasoner import shards
-from reasoner.config import VerifyConfig, dump
+from reasoner import outputs, shards
+from reasoner.config import VerifyConfig
 from reasoner.data.template import think_span
 from reasoner.errors import ShardError
 from reasoner.records import Sample, Verified
@@ -139,14 +140,20 @@ def run(cfg: VerifyConfig) -> Path:
     nothing."""
     started = time.perf_counter()
     out = Path(cfg.output_dir)
+    outputs.check_not_an_input(out, cfg.inputs())
     if not shards.is_complete(cfg.input_dir):
         raise ShardError(f"{cfg.input_dir} is not a complete Sample shard (its manifest does not "
                          "say complete: true); finish `reasoner infer` first")
-    config = {k: v for k, v in dump(cfg).items() if k != "progress"}
-    if shards.finished(out, config):
+    identity = outputs.Identity.of("verify", cfg.result_config(), cfg.inputs())
+    action = outputs.decide(out, identity, cfg.overwrite)
+    if action == "complete":
+        print(outputs.said_complete("verify", out), file=sys.stderr)
         return out
-    shards.update_manifest(out, stage="verify", config=config,
-                           inputs={"samples": str(cfg.input_dir)}, complete=False)
+    with outputs.writing(out, identity, action, keep=(VERDICTS,)):
+        return _verify(cfg, out, identity.config, started)
+
+
+def _verify(cfg: VerifyConfig, out: Path, config: dict, started: float) -> Path:
     if (shards.read_manifest(out / VERDICTS) or {}).get("config") != _verdict_key(config):
         shards.reset(out / VERDICTS, "verify verdicts", _verdict_key(config))
     samples = list(shards.iter_rows(cfg.input_dir, Sample))
@@ -156,6 +163,12 @@ def run(cfg: VerifyConfig) -> Path:
     kept, removed = decontam.decontaminate(list(problems.values()), cfg.decontam)
     keep_ids = {p["id"] for p in kept}
     samples = [s for s in samples if s["id"] in keep_ids]
+    no_reference = sorted({s["id"] for s in samples if not str(s["answer"]).strip()})
+    if no_reference:  # every sample of such a problem would be judged wrong: say it now
+        print(f"reasoner verify: warning: {len(no_reference)} problems have an empty reference "
+              f"answer ({', '.join(no_reference[:5])}{', ...' if len(no_reference) > 5 else ''}):"
+              " every sample of theirs is rewarded -1; fix the problems' answer field",
+              file=sys.stderr)
     verified_at = time.perf_counter()
     newly = compute_verdicts(cfg, samples, out, cfg.progress)
     verify_seconds = time.perf_counter() - verified_at
@@ -171,7 +184,7 @@ def run(cfg: VerifyConfig) -> Path:
         "decontaminated_problems": len(removed), "dropped": dict(dropped),
         "verdicts": dict(verdict_counts), "problems": len({r["id"] for r in rows}),
         "samples": len(rows), "positives": pos, "negatives": len(rows) - pos,
-        "verified_this_run": newly,
+        "verified_this_run": newly, "empty_references": len(no_reference),
         "samples_per_s": round(newly / verify_seconds, 1) if newly else None,
     }
     extra = {"filters": report, "decontaminated": removed[:100],

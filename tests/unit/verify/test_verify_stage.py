@@ -48,11 +48,15 @@ def test_resume_does_not_reverify_finished_samples(tmp_path, samples):
 
 
 def test_filter_change_reuses_verdicts_and_rows_are_complete(tmp_path, samples):
+    """A filter change is another verify (refused in the same folder without overwrite=true);
+    replacing the folder keeps the verdicts, which no filter changes, and judges nothing again."""
     out = tmp_path / "v"
     verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": False})))
     verdict_part = shards.part_path(out / verify.VERDICTS, 0)
     before = verdict_part.read_bytes()
-    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": True})))
+    with pytest.raises(shards.ShardError, match="filters.drop_zero_variance: False then, True now"):
+        verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": True})))
+    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": True}, overwrite=True)))
     assert verdict_part.read_bytes() == before
     manifest = shards.read_manifest(out)
     assert manifest["complete"] and manifest["counts"]["samples"] == 0  # all wrong: dropped
@@ -61,7 +65,7 @@ def test_filter_change_reuses_verdicts_and_rows_are_complete(tmp_path, samples):
     assert stats["counts"]["verified_this_run"] == 0  # verdicts reused
     rows = list(shards.iter_rows(cfg(samples, out).output_dir))
     assert rows == []
-    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": False})))
+    verify.run(quiet(cfg(samples, out, filters={"drop_zero_variance": False}, overwrite=True)))
     from reasoner.config import TemplateConfig
     from reasoner.data.template import think_span
     from reasoner.models import load_tokenizer
