@@ -1,5 +1,6 @@
-"""Run under torchrun with two processes: `device.check_same_folder` on a folder both see, then
-on one folder per process (two nodes without a shared file system).
+"""Run under torchrun with two processes: `device.check_same_folder` and `sees_same_folder` on
+a folder both see, then on one folder per process (two nodes without a shared file system),
+then on one rank 0 cannot create.
 
     python -m torch.distributed.run --nproc_per_node=2 tests/same_folder_check.py BASE OUT.json
 
@@ -31,8 +32,9 @@ def main(base: Path, out: str) -> None:
             seen[case] = None
         except InputError as e:
             seen[case] = str(e)
+        seen[f"{case} shared"] = dev.sees_same_folder(folder, info, torch.device("cpu"), 1.0)
     dist.barrier()  # rank 0 removes its mark after the last collective: look after it did
-    seen["marks_left"] = sorted(str(p.relative_to(base)) for p in base.rglob(".same-folder-check"))
+    seen["marks_left"] = sorted(str(p.relative_to(base)) for p in base.rglob(".same-folder-check*"))
     Path(f"{out}.{rank}").write_text(json.dumps(seen))
     leave_process_group()
 

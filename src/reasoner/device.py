@@ -113,6 +113,42 @@ class Env:
     dtype: torch.dtype
 
 
+HCCL_CAP_S = 17340  # HCCL_EXEC_TIMEOUT's largest value on Atlas A2 / A3
+HCCL_AIV_CAP_S = 1091  # ... with HCCL_OP_EXPANSION_MODE=AIV
+
+
+def npu_installed() -> bool:
+    """torch_npu is there (found, not imported: importing it reads HCCL's settings)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def set_hccl_timeout(timeout_min: float) -> None:
+    """Make HCCL wait as long as run.dist_timeout_min says. On Ascend the time-out given to
+    `init_process_group` reaches torch_npu's watchdog only; HCCL's own wait for an operation is
+    HCCL_EXEC_TIMEOUT (1836 s by default on A2 / A3), read from the environment when torch_npu
+    is imported and when a communicator is built: so it is set here, before. Refused with one
+    paragraph above the cap of the expansion mode, or when the environment already sets it
+    lower (it would silently win on some nodes)."""
+    want = int(round(timeout_min * 60))
+    aiv = os.environ.get("HCCL_OP_EXPANSION_MODE", "").upper() == "AIV"
+    cap = HCCL_AIV_CAP_S if aiv else HCCL_CAP_S
+    if want > cap:
+        raise InputError(
+            f"run.dist_timeout_min={timeout_min:g} asks HCCL to wait {want} s, above the "
+            f"{cap} s HCCL_EXEC_TIMEOUT allows{' with HCCL_OP_EXPANSION_MODE=AIV' if aiv else ''}:"
+            f" lower run.dist_timeout_min to at most {cap / 60:.0f}")
+    given = os.environ.get("HCCL_EXEC_TIMEOUT")
+    if given is not None and given.strip().isdigit() and int(given) < want:
+        raise InputError(
+            f"the environment sets HCCL_EXEC_TIMEOUT={given}, shorter than run.dist_timeout_min="
+            f"{timeout_min:g} ({want} s): HCCL would end the run after {given} s of one rank's "
+            "work behind a barrier. Unset it (reasoner sets it from run.dist_timeout_min), or "
+            "lower run.dist_timeout_min")
+    os.environ["HCCL_EXEC_TIMEOUT"] = str(want)
+
+
 def init_distributed(device: torch.device, timeout_min: float = 60.0,
                      sequence_parallel: int = 1) -> DistInfo:
     """Join the process group torchrun set up (nccl / hccl / gloo); a no-op for one process.
@@ -151,17 +187,42 @@ def check_same_folder(folder: Path, dist: DistInfo, device: torch.device,
                       patience_s: float = 30.0) -> None:
     """Stop every process, with one clear error, unless all of them see the same `folder`.
 
-    Rank 0 creates the folder and leaves a random number in it; every process reads it back,
-    for up to `patience_s` seconds (NFS caches a file's absence for a while on other nodes).
-    On two nodes without a shared file system the other node's processes find nothing (or a
-    stale number): left alone, rank 0 would publish checkpoints whose optimiser shards sit on
-    other disks, and a resume would pick different steps on different nodes. Every process
-    raises, so none is left waiting in a collective; also when rank 0 cannot create it."""
+    On two nodes without a shared file system the other node's processes would find nothing
+    there: left alone, rank 0 would publish checkpoints whose optimiser shards sit on other
+    disks, and a resume would pick different steps on different nodes. Every process raises,
+    so none is left waiting in a collective; also when rank 0 cannot create it."""
     if dist.world_size == 1:
         return
+    missing, failed = _mark_seen(folder, dist, device, patience_s)
+    if failed is not None:
+        raise InputError(f"rank 0 could not create the run folder {folder}"
+                         f"{': ' + failed if failed else ''}; check output_dir and its permissions")
+    if missing:
+        raise InputError(
+            f"{missing} of {dist.world_size} processes do not see the run folder "
+            f"{folder} that rank 0 created: put output_dir on a file system every node shares "
+            "(checkpoints, resumes and the final model are written there by all of them)")
+
+
+def sees_same_folder(folder: Path, dist: DistInfo, device: torch.device,
+                     patience_s: float = 5.0) -> bool:
+    """Whether every process sees the `folder` rank 0 writes in (one shared file system), so
+    that one process can fill it for all; False when some do not (node-local disks), or when
+    rank 0 cannot write there. A collective: every process calls it."""
+    if dist.world_size == 1:
+        return True
+    missing, failed = _mark_seen(folder, dist, device, patience_s)
+    return failed is None and not missing
+
+
+def _mark_seen(folder: Path, dist: DistInfo, device: torch.device, patience_s: float
+               ) -> tuple[int, str | None]:
+    """Rank 0 leaves a random number in `folder`; every process reads it back, for up to
+    `patience_s` seconds (NFS caches a file's absence for a while on other nodes). Returns how
+    many processes did not see it, and rank 0's error when it could not write it (else None)."""
     import secrets
 
-    mark = Path(folder) / ".same-folder-check"
+    mark = Path(folder) / f".same-folder-check-{os.getpid() if dist.is_main else 0}"
     token, failed = (secrets.randbits(24) if dist.is_main else 0), ""
     if dist.is_main:
         try:
@@ -169,18 +230,15 @@ def check_same_folder(folder: Path, dist: DistInfo, device: torch.device,
             mark.write_text(str(token))
         except OSError as e:
             token, failed = -1, str(e)
-    token = int(all_reduce([token], dist, device)[0])  # exact: 24 bits fit fp32 (HCCL's)
+    token, pid = (int(v) for v in all_reduce([token, os.getpid() if dist.is_main else 0], dist,
+                                             device))  # exact: both fit fp32 (HCCL's)
     if token < 0:
-        raise InputError(f"rank 0 could not create the run folder {folder}"
-                         f"{': ' + failed if failed else ''}; check output_dir and its permissions")
+        return dist.world_size, failed
+    mark = Path(folder) / f".same-folder-check-{pid}"
     missing = all_reduce([float(not read_mark(mark, token, patience_s))], dist, device)
     if dist.is_main:
         mark.unlink(missing_ok=True)
-    if missing[0]:
-        raise InputError(
-            f"{int(missing[0])} of {dist.world_size} processes do not see the run folder "
-            f"{folder} that rank 0 created: put output_dir on a file system every node shares "
-            "(checkpoints, resumes and the final model are written there by all of them)")
+    return int(missing[0]), None
 
 
 def read_mark(mark: Path, token: int, patience_s: float) -> bool:

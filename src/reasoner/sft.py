@@ -6,7 +6,7 @@ gradient of a step does not depend on how the global batch is cut into micro-bat
 rows or processes. Packed rows keep samples apart (see data/packing.py).
 
 Examples are rendered by the template module and tokenized once, streamed into a memory-mapped
-Arrow file (data/token_cache.py; under torchrun local rank 0 writes it, the other ranks map it)
+Arrow file (data/token_cache.py; under torchrun one process writes it, the others map it)
 keyed by (data content, tokenizer, template, code version), so ranks, epochs, reruns and
 resumes never tokenize again. Examples longer than `max_tokens` are dropped and counted.
 """
@@ -29,6 +29,7 @@ from reasoner.config import SFTConfig
 from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
+from reasoner.models import attention
 from reasoner.models.attention import plan_attention
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import vocab_split
@@ -97,9 +98,10 @@ def cache_path(cfg: SFTConfig, tokenizer: Any) -> Path:
 
 
 def tokenize(cfg: SFTConfig, tokenizer: Any, dist: dev.DistInfo | None = None,
-             progress: bool = False) -> Tokenized:
+             progress: bool = False, shared: bool = True) -> Tokenized:
     """Render + tokenize every example once into the Arrow cache (streamed: memory stays flat
-    however large the data); later calls and the other ranks map the file."""
+    however large the data); later calls and the other ranks map the file (`shared`: every
+    process sees the cache folder, so one process builds it for all)."""
 
     def build(path: Path) -> None:
         pairs = (render_sft(r, cfg.template, tokenizer)
@@ -114,7 +116,7 @@ def tokenize(cfg: SFTConfig, tokenizer: Any, dist: dev.DistInfo | None = None,
             raise TrainingError(f"{cfg.data.path}: the SFT data holds no examples")
 
     path = cache_path(cfg, tokenizer)
-    hit = token_cache.build_once(path, build, dist)
+    hit = token_cache.build_once(path, build, dist, shared)
     table = token_cache.TokenTable(path)
     lengths, plens = table.lengths, table.prompt_lens
     keep = np.flatnonzero((lengths <= cfg.max_tokens) & (lengths > plens))
@@ -144,8 +146,9 @@ def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
 
 def micro_batches(rows: list[int], cfg: SFTConfig, dist: dev.DistInfo,
                   lengths: list[int]) -> list[list[int]]:
-    """This process's micro-batches of a global batch (the trainer evens out the count)."""
-    mine = rows[dist.dp_rank::dist.dp_size]  # a sequence-parallel group shares its rows
+    """This process's micro-batches of a global batch: its data-parallel group's token-balanced
+    share (a sequence-parallel group shares its rows; the trainer evens out the count)."""
+    mine = packing.balanced_shares(rows, lengths, dist.dp_size)[dist.dp_rank]
     if not cfg.packing:  # length-grouped: little padding inside each micro-batch
         mine = sorted(mine, key=lambda r: lengths[r])
     mb = cfg.run.micro_batch
@@ -176,9 +179,13 @@ def run(cfg: SFTConfig) -> Path:
     device, dist, dtype = env.device, env.dist, env.dtype
     with outputs.writing(out, identity, action, dist):
         attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing,
-                              SequenceGroup.of(dist))
+                              SequenceGroup.of(dist), cfg.run.micro_batch, cfg.row_tokens)
+        attention.warn(attn, dist.is_main)
         tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-        data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main)
+        # the run folder is shared by every process (training.setup checks); a cache_dir of
+        # its own may be a node's local disk
+        shared = cfg.cache_dir is None or dev.sees_same_folder(Path(cfg.cache_dir), dist, device)
+        data = tokenize(cfg, tokenizer, dist, cfg.run.progress and dist.is_main, shared)
         training.warn_dropped("sft", data.dropped, len(data.table), cfg.max_tokens, dist,
                               "examples")
         rows = plan_rows(data, cfg)
@@ -202,7 +209,7 @@ def run(cfg: SFTConfig) -> Path:
                     state, mbs, lambda mb, scale, denom=denom: step_loss(
                         state.policy, collate(data, [rows[r] for r in mb], cfg, pad, attn.varlen),
                         denom, scale, device, dtype),
-                    dummy=step_rows[:1])
+                    dummy=[])
                 loss = m["nll"] / denom
                 last = {"loss": loss, **training.optimizer_step(state, loss, step)}
                 state.tokens += m["real"]

@@ -28,7 +28,9 @@ from torch import Tensor, nn
 from reasoner import device as dev
 from reasoner import models, outputs, training
 from reasoner.config import ObjectiveConfig, OfflineConfig
+from reasoner.data import packing
 from reasoner.device import Env
+from reasoner.models import attention
 from reasoner.models.attention import plan_attention
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit, vocab_split
@@ -59,7 +61,8 @@ def run(cfg: OfflineConfig) -> Path:
         state = training.start(cfg, env, tokenizer, ready.trained,
                                schedule.total_steps(len(train_idx), cfg.run), ckpt,
                                identity.digest)
-        aux = Auxiliary(token_rm.load_token_rm(cfg, env, ready.attn, ready.vocab)
+        aux = Auxiliary(token_rm.load_token_rm(cfg, env, ready.attn, ready.vocab,
+                                               state.total_steps)
                         if obj.uses_token_rm else None, ready.reference,
                         reference.Plateau(obj.reset_patience) if val_idx else None)
         aux.restore(ckpt, state.saved)
@@ -108,7 +111,7 @@ class Inputs:
     """What the objective reads beside the policy's log-probs, computed once for every sample."""
 
     signal: Tensor  # (M,) the reward or advantage each sample trains with
-    scope: list[list[float]] | None  # per token, 1 where the loss sees it (None: everywhere)
+    scope: Sequence[list[float]] | None  # per token, 1 where the loss sees it (None: everywhere)
     old_logp: Sequence[list[float]] | None  # behaviour log-probs (the clipped objectives)
     ref_logp: Sequence[list[float]] | None  # reference log-probs (KL terms, OREAL)
     behaviour: str  # where old_logp comes from, in words (the summary says it)
@@ -133,7 +136,8 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
     With several processes every model here is sharded as it loads."""
     obj, out = cfg.objective, Path(cfg.output_dir)
     attn = plan_attention(cfg.model.attn_implementation, env.device, env.dtype, cfg.packing,
-                          SequenceGroup.of(env.dist))
+                          SequenceGroup.of(env.dist), cfg.run.micro_batch, cfg.row_tokens)
+    attention.warn(attn, env.dist.is_main)
     vocab = vocab_split(cfg, env, obj.resident_bytes_per_param)
 
     def load(source: str | Path) -> training.Loaded:
@@ -193,10 +197,13 @@ class MicroStep:
 
     def __call__(self, policy: nn.Module, rows: list[list[int]], counts: GlobalCounts,
                  scale: float) -> training.MicroOut:
-        """Backward of this micro-batch's share of the global loss (times `scale`)."""
+        """Backward of this micro-batch's share of the global loss (times `scale`); no rows: a
+        dummy pass, every forward and backward of a real one on one token, weighing nothing."""
         data, device, inputs = self.data, self.env.device, self.inputs
         index = [i for r in rows for i in r]
         b = self.batching.collate(data, rows).to(device)
+        if not index:
+            return self.dummy(policy, b)
         sample_index = b.sample_index[b.labels >= 0]  # (N,)
         m = Micro(index, sample_index, inputs.signal[index].to(device),
                   data.rewards[index].to(device), data.group_acc[index].to(device),
@@ -220,6 +227,20 @@ class MicroStep:
                                  result.maxima, result.minima)
 
 
+    def dummy(self, policy: nn.Module, b: packing.Batch) -> training.MicroOut:
+        """The collectives of a micro-batch (reference, token RM, policy; forward and backward)
+        on `b`, a batch of one token with no target."""
+        with dev.autocast(self.env.device, self.env.dtype):
+            if self.reference is not None:
+                with torch.no_grad():
+                    self.reference(b.input_ids, b.position_ids, b.attention_mask, b.labels)
+            if self.token_rm is not None:
+                (self.token_rm.model(b).sum() * 0.0).backward()
+            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels)  # (0,)
+        (logp.sum() * 0.0).backward()
+        return training.MicroOut({})
+
+
 def train_step(state: training.TrainState, step: int, micro: MicroStep, samples: list[int],
                aux: Auxiliary) -> dict[str, float]:
     """One optimiser step over the global batch of `step`: each process's share, micro-batch by
@@ -230,13 +251,12 @@ def train_step(state: training.TrainState, step: int, micro: MicroStep, samples:
                           tokens=sum(data.resp_len(i) for i in batch_idx),
                           pos_tokens=sum(data.resp_len(i) for i in batch_idx
                                          if data.rewards[i] > 0))
-    mbs = micro.batching.micro_batches(batch_idx[dist.dp_rank::dist.dp_size], data)
+    mbs = micro.batching.micro_batches(micro.batching.share(batch_idx, data, dist), data)
     m = training.accumulate(state, mbs, lambda rows, scale: micro(state.policy, rows, counts,
-                                                                  scale),
-                            dummy=[[batch_idx[0]]])
+                                                                  scale), dummy=[])
     last = {**m, **training.optimizer_step(state, m["loss"], step)}
     if aux.token_rm is not None:
-        aux.token_rm.step()
+        aux.token_rm.step(micro.obj.rm_warmup_steps + step)
     reference.move_reference(micro.obj, step + 1, state.policy, aux.reference, state.optimizer)
     return last
 

@@ -105,6 +105,8 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_shape, tiny_model_dir, ve
 
     jobs += [resumable(root / "sp-whole"), ["--cut", root / "sp-whole", root / "sp-cut", 2],
              resumable(root / "sp-cut")]
+    jobs.append(args(tiny_model_dir, verified_dir, root / "bf16", *overrides(OBJECTIVES[2]),
+                     "model.dtype=bfloat16"))  # prorl: a moving reference in aux/
     for layout in ("fsdp", "vocab-parallel"):
         jobs.append(args(untied, verified_dir, root / f"untied-{layout}" / "two",
                          *overrides("{name: pcl}"), f"run.vocab_layout={layout}"))
@@ -144,6 +146,25 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir, verified_dir, two_pro
         lp = [{(r["id"], r["sample_idx"]): r["logprobs"] for r in iter_rows(f)} for f in refs]
         assert lp[0].keys() == lp[1].keys()
         assert all(lp[1][k] == pytest.approx(lp[0][k], abs=1e-5) for k in lp[0])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train-offline-two-processes")
+def test_a_bf16_run_publishes_bf16_weights_without_the_auxiliary_models(two_process_runs):
+    """ProRL in bf16 on 2 processes: the checkpoint keeps fp32 masters and the moving
+    reference's shards (aux/) for the resume; `final/` holds bf16 weights and no aux/."""
+    from safetensors import safe_open
+
+    root, _ = two_process_runs
+    out = root / "bf16"
+    assert (out / "checkpoint-3" / "aux").is_dir() and not (out / "final" / "aux").exists()
+    for folder, want in ((out / "final", "BF16"), (out / "checkpoint-3", "F32")):
+        for f in folder.glob("*.safetensors"):
+            with safe_open(f, "pt") as st:
+                assert {st.get_slice(k).get_dtype() for k in st.keys()} == {want}
+    assert json.loads((out / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert counts["final_dtype"] == "bfloat16"
 
 
 @pytest.mark.slow

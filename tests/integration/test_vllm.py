@@ -127,6 +127,13 @@ def test_greedy_eval_is_token_for_token_the_hf_eval(vllm_run, tmp_path):
     hf_report = json.loads((tmp_path / "hf-eval/report.json").read_text())
     vl_report = json.loads((run_dir / "eval/report.json").read_text())
     assert vl_report["pass@1"] == hf_report["pass@1"]
+    # each report names what generated it (vLLM on a CPU runs fp32 for dtype auto, as hf does)
+    assert vl_report["generation"]["engine"].startswith("vllm 0.")
+    assert {k: vl_report["generation"][k] for k in ("backend", "dtype", "device")} == {
+        "backend": "vllm", "dtype": "float32", "device": "cpu"}
+    assert hf_report["generation"]["backend"] == "hf"
+    ray = shards.read_manifest(run_dir / "samples-ray")["engine"]
+    assert ray["backend"] == "vllm" and ray["ray_workers"] == "1"
 
 
 @pytest.mark.slow

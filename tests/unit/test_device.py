@@ -71,6 +71,39 @@ def test_the_process_group_waits_as_long_as_the_config_says(monkeypatch):
     assert d == dev.DistInfo(1, 2, 1)
 
 
+def test_on_ascend_hccl_waits_as_long_as_the_config_says(monkeypatch, tmp_path):
+    """torch_npu passes init_process_group's time-out to its watchdog only; HCCL's own wait is
+    HCCL_EXEC_TIMEOUT (1836 s by default), read when torch_npu is imported. A trainer on an
+    NPU (a fake one: torch_npu's presence faked) sets it from run.dist_timeout_min first,
+    refuses a value above the expansion mode's cap and an environment that sets it lower."""
+    from reasoner import training
+    from reasoner.config import ModelConfig, RunConfig
+    from reasoner.errors import InputError
+
+    monkeypatch.delenv("HCCL_EXEC_TIMEOUT", raising=False)
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
+    dev.set_hccl_timeout(60)
+    assert dev.os.environ["HCCL_EXEC_TIMEOUT"] == "3600"
+    monkeypatch.setenv("HCCL_OP_EXPANSION_MODE", "AIV")
+    with pytest.raises(InputError, match="above the 1091 s HCCL_EXEC_TIMEOUT allows with "
+                                         "HCCL_OP_EXPANSION_MODE=AIV"):
+        dev.set_hccl_timeout(60)
+    dev.set_hccl_timeout(18)
+    assert dev.os.environ["HCCL_EXEC_TIMEOUT"] == "1080"
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE")
+    monkeypatch.setenv("HCCL_EXEC_TIMEOUT", "1800")
+    with pytest.raises(InputError, match="sets HCCL_EXEC_TIMEOUT=1800, shorter than"):
+        dev.set_hccl_timeout(60)
+    # the trainer's setup does it before it picks (and imports) the NPU
+    monkeypatch.delenv("HCCL_EXEC_TIMEOUT")
+    seen = []
+    monkeypatch.setattr(dev, "npu_installed", lambda: True)
+    monkeypatch.setattr(dev, "pick_device", lambda pref: seen.append(
+        dev.os.environ.get("HCCL_EXEC_TIMEOUT")) or torch.device("cpu"))
+    training.setup(ModelConfig(name_or_path=str(tmp_path)), RunConfig(dist_timeout_min=45))
+    assert seen == ["2700"]
+
+
 @pytest.mark.slow
 def test_every_process_must_see_the_run_folder_rank_0_created(tmp_path):
     """Two gloo processes: a folder both see passes; one folder per process (two nodes without
@@ -98,6 +131,10 @@ def test_every_process_must_see_the_run_folder_rank_0_created(tmp_path):
         assert seen["uncreatable"].endswith("check output_dir and its permissions")
         assert ("Not a directory" in seen["uncreatable"]) is (rank == 0)  # rank 0 says why
         assert seen["marks_left"] == []
+        # what the token cache asks before one process builds it for all (a cache_dir may be
+        # a node's own disk): the same answer on every process
+        assert (seen["shared shared"], seen["per node shared"], seen["uncreatable shared"]) == (
+            True, False, False)
 
 
 def test_a_mark_that_shows_up_late_is_still_seen(tmp_path):

@@ -51,11 +51,12 @@ class RayConfig(Strict):
     address: str | None = Field(
         None, description="cluster to join: 'auto' (the one `ray start` made here) or HOST:PORT; "
         "null: a local cluster for this run")
-    chunk: int = Field(256, ge=1, description="requests per call to an actor")
+    chunk: int = Field(1024, ge=1, description="requests handed to an actor at a time; its "
+                       "engine streams each completion back as it finishes and refills itself")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each actor")
     gpus_per_worker: float | None = Field(
-        None, ge=0, description="GPUs per actor; default vllm.tensor_parallel_size on a GPU cluster, "
-        "0 on CPUs")
+        None, ge=0, description="accelerators per actor (GPUs, or Ascend NPUs: Ray's NPU "
+        "resource); default vllm.tensor_parallel_size on such a cluster, 0 on CPUs")
 
 
 class JudgeConfig(Strict):

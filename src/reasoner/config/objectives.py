@@ -112,6 +112,10 @@ class OREALObjective(_ObjectiveBase):
         "rm", description="token weights from a token reward model, or all 1"
     )
     rm_lr: float = Field(1e-5, gt=0, description="token reward model learning rate")
+    rm_min_lr: float | None = Field(
+        None, ge=0, description="cosine-decay the token RM's learning rate from rm_lr to this "
+        "over its warm-up and the policy's steps (OREAL's 32B config: 2e-6 to 4e-7); "
+        "null = constant rm_lr")
     rm_warmup_steps: int = Field(
         0, ge=0, description="steps that train only the token reward model before the policy "
         "starts (OREAL's actor_freeze_steps, 10 in its configs): a fresh RM gives p = 0.5, so "

@@ -166,6 +166,10 @@ class RunConfig(Strict):
         60.0, gt=0, description="on SIGTERM / SIGHUP (a scheduler's stop, a closed terminal) the "
         "step in progress ends on every process, and a checkpoint is saved when run.save_every "
         "would save within the next 3 steps and the last save took less than this many seconds")
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of the weights in `final/` (what infer, eval and vLLM read); "
+        "auto = the training dtype (model.dtype). Checkpoints keep fp32 master weights for an "
+        "exact resume")
     dist_timeout_min: float = Field(
         60.0, gt=0, description="several processes: how long a collective or barrier may wait "
         "(NCCL's own default, 10, is shorter than one rank's tokenizing or checkpoint copy)")

@@ -43,6 +43,31 @@ def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def balanced_shares(items: Sequence[int], lengths: Sequence[int], groups: int
+                    ) -> list[list[int]]:
+    """`items` split into `groups` shares of nearly equal tokens (`lengths[i]` each): longest
+    first, each into the share with the fewest tokens so far (ties: the lowest share index), so
+    that the slowest process of a step waits as little as can be for the others. Each share
+    keeps the order `items` gave it. Deterministic: every process computes the same shares."""
+    if groups == 1:
+        return [list(items)]
+    load = [0] * groups
+    owner: dict[int, int] = {}
+    for pos in sorted(range(len(items)), key=lambda p: (-lengths[items[p]], p)):
+        g = min(range(groups), key=lambda k: (load[k], k))
+        owner[pos] = g
+        load[g] += lengths[items[pos]]
+    return [[items[p] for p in range(len(items)) if owner[p] == g] for g in range(groups)]
+
+
+def dummy_batch(pad_id: int) -> Batch:
+    """One pad token with no target: the pass a process with fewer micro-batches than the
+    busiest runs, so that every process makes the same collectives, at almost no cost."""
+    one = torch.full((1, 1), pad_id, dtype=torch.long)
+    return Batch(one, torch.full((1, 1), IGNORE, dtype=torch.long), torch.zeros((1, 1),
+                 dtype=torch.long), None, torch.full((1, 1), -1, dtype=torch.long), 0, 0)
+
+
 def efficiency(lengths: Sequence[int], bins: list[list[int]], capacity: int) -> float:
     """Real tokens / token slots."""
     return sum(lengths) / (len(bins) * capacity) if bins else 0.0
@@ -134,7 +159,9 @@ def collate(data: TokenRows, rows: list[list[int]], packed: bool, width: int | N
             flat: bool = False) -> Batch:
     """A micro-batch's rows of sample indices as tensors: packed rows `width` tokens wide (None:
     as wide as the longest; `flat`: one row for a varlen kernel), or one sample per row, padded
-    (`packed` False: each row holds one sample)."""
+    (`packed` False: each row holds one sample). No rows: the dummy pass (`dummy_batch`)."""
+    if not rows:
+        return dummy_batch(pad_id)
     if packed:
         samples = [[(data.ids[i], data.loss_mask(i)) for i in row] for row in rows]
         longest = max(sum(len(ids) for ids, _ in row) for row in samples)

@@ -133,11 +133,15 @@ def _batches(pairs: Iterable[tuple[str, str]]) -> Iterator[list[tuple[str, str]]
         yield batch
 
 
-def build_once(path: Path, build: Callable[[Path], None], dist: dev.DistInfo | None) -> bool:
-    """Make sure `path` exists: local rank 0 of each node (or the only process) runs
-    `build(path)`, the others wait at a barrier. True when the file was already there."""
+def build_once(path: Path, build: Callable[[Path], None], dist: dev.DistInfo | None,
+               shared: bool = True) -> bool:
+    """Make sure `path` exists: one process runs `build(path)`, the others wait at a barrier
+    and then read it. True when the file was already there. `shared`: every process sees
+    `path`'s folder (a file system all nodes share: the run folder always is), so rank 0 alone
+    builds it; otherwise the first process of each node builds its node's copy."""
     hit = path.exists()
-    if not hit and (dist is None or dist.local_rank == 0):
+    builder = dist is None or (dist.rank == 0 if shared else dist.local_rank == 0)
+    if not hit and builder:
         build(path)
     if dist is not None:
         dev.barrier(dist)

@@ -122,7 +122,11 @@ def _evaluate(cfg: EvalConfig, out: Path) -> dict:
                                                        "no_answer_rate")}
             for p, q in zip(scores["per_problem"], strict["per_problem"], strict=True):
                 p["accuracy_strict"] = q["accuracy"]
+    engine = (shards.read_manifest(samples) or {}).get("engine", {})
     result = {"benchmark": cfg.benchmark, "model": cfg.model.name_or_path, **scores,
+              "generation": {**engine, "max_tokens": cfg.sampling.max_tokens,
+                             "max_model_len": cfg.max_model_len,
+                             "temperature": cfg.sampling.temperature},
               "config": dump(cfg)}
     result["plots"] = report.plots(result, rows, out)
     report.write_markdown(result, out / "report.md")

@@ -86,6 +86,7 @@ def run(cfg: InferConfig) -> Path:
             stats["load_seconds"] = time.perf_counter() - started  # model load / engine start
             started = time.perf_counter()
             try:
+                shards.update_manifest(out, engine=gen.engine_info())  # what a report names
                 _generate(cfg, gen, todo, out, stats)
             finally:
                 gen.close()
@@ -146,33 +147,53 @@ def _row(cfg: InferConfig, problem: dict, k: int, prompt: str, ids: list[int], s
 
 
 def _finish_if_complete(out: Path, problems: list[dict], n: int, stats: dict) -> None:
-    """Mark the folder complete once every key of every shard is present (any worker may)."""
-    rows = list(shards.iter_rows(out, Sample))
-    keys = {(r["id"], r["sample_idx"]) for r in rows}
-    if len(keys) != len(rows):
+    """Mark the folder complete once every key of every shard is present (any worker may).
+    One pass over the samples, one at a time: what is kept is their keys and running sums
+    (at the recipe's scale the samples themselves are tens of GB)."""
+    seen = Tally()
+    for row in shards.iter_rows(out, Sample):
+        seen.add(row)
+    if seen.duplicates:
         raise shards.ShardError(f"{out}: duplicate samples found; delete the folder and rerun")
-    if keys != {(p["id"], k) for p in problems for k in range(n)}:
-        shards.update_manifest(out, counts={"samples": len(rows), "expected": len(problems) * n})
+    if seen.keys != {(p["id"], k) for p in problems for k in range(n)}:
+        shards.update_manifest(out, counts={"samples": seen.samples, "expected": len(problems) * n})
         return
-    lengths = [r["response_tokens"] for r in rows]
-    shards.finish(out, {
-        "problems": len(problems), "samples": len(rows),
-        "mean_response_tokens": sum(lengths) / len(lengths), "max_response_tokens": max(lengths),
-        "truncation_rate": sum(r["finish_reason"] == "length" for r in rows) / len(rows),
-        "prompt_too_long": sum(r.get("error") == "prompt_too_long" for r in rows),
-        **token_entropy(rows),
-    }, last_run={k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})
+    shards.finish(out, {"problems": len(problems), **seen.counts()},
+                  last_run={k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})
 
 
-def token_entropy(rows: list[dict]) -> dict[str, float]:
-    """{"token_entropy": mean -log p over every sampled token} when the samples carry their
-    log-probs: a Monte Carlo estimate of the sampling distribution's entropy per token (the
-    distribution after temperature, top-k and top-p), the number ProRL watches for collapse."""
-    total, count = 0.0, 0
-    for r in rows:
-        lp = r.get("logprobs")
+class Tally:
+    """What the manifest says of a folder's samples, summed one sample at a time."""
+
+    def __init__(self) -> None:
+        self.keys: set[tuple[str, int]] = set()
+        self.duplicates = self.samples = self.tokens = self.longest = 0
+        self.truncated = self.prompt_too_long = 0
+        self.nll, self.scored, self.all_scored = 0.0, 0, True
+
+    def add(self, row: dict) -> None:
+        key = (row["id"], row["sample_idx"])
+        self.duplicates += key in self.keys
+        self.keys.add(key)
+        self.samples += 1
+        self.tokens += row["response_tokens"]
+        self.longest = max(self.longest, row["response_tokens"])
+        self.truncated += row["finish_reason"] == "length"
+        self.prompt_too_long += row.get("error") == "prompt_too_long"
+        lp = row.get("logprobs")
         if lp is None:
-            return {}
-        total -= sum(lp)
-        count += len(lp)
-    return {"token_entropy": total / count} if count else {}
+            self.all_scored = False
+        else:
+            self.nll -= sum(lp)
+            self.scored += len(lp)
+
+    def counts(self) -> dict:
+        """{"token_entropy": mean -log p over every sampled token} is there when every sample
+        carries its log-probs: a Monte Carlo estimate of the sampling distribution's entropy per
+        token (after temperature, top-k and top-p), the number ProRL watches for collapse."""
+        out = {"samples": self.samples, "mean_response_tokens": self.tokens / self.samples,
+               "max_response_tokens": self.longest, "truncation_rate": self.truncated / self.samples,
+               "prompt_too_long": self.prompt_too_long}
+        if self.all_scored and self.scored:
+            out["token_entropy"] = self.nll / self.scored
+        return out

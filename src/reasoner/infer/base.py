@@ -74,6 +74,11 @@ def in_order(stream: Iterator[tuple[int, Completion]], n: int) -> list[Completio
 class Streaming:
     """A backend's `generate`, once: all of its `stream`, in request order."""
 
+    def engine_info(self) -> dict[str, str]:
+        """What generated: backend, engine and version, dtype, device (a report's numbers
+        depend on them). Backends say more than this default."""
+        return {"backend": getattr(self, "name", type(self).__name__)}
+
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list[Completion]:
         return in_order(self.stream(requests, sampling), len(requests))  # type: ignore[attr-defined]
 

@@ -125,6 +125,12 @@ class HFGenerator(Streaming):
         params = inspect.signature(self.model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
 
+    def engine_info(self) -> dict[str, str]:
+        import transformers
+
+        return {"backend": "hf", "engine": f"transformers {transformers.__version__}",
+                "dtype": str(self.model.dtype).removeprefix("torch."), "device": self.device.type}
+
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:
         """Batches of `preferred_batch` requests; a request is yielded when its row stops."""

@@ -127,6 +127,14 @@ class VLLMGenerator(Streaming):
         # vLLM stops on the generation config's eos; the chat template's end of turn is added
         # (a Qwen2.5 base checkpoint's config knows only <|endoftext|>)
         self.stop_ids = stop_token_ids(self.tokenizer)
+        self.device = "cpu" if on_cpu else str(current_platform.device_type)
+
+    def engine_info(self) -> dict[str, str]:
+        import vllm
+
+        dtype = self.llm.llm_engine.model_config.dtype
+        return {"backend": "vllm", "engine": f"vllm {vllm.__version__}",
+                "dtype": str(dtype).removeprefix("torch."), "device": self.device}
 
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:

@@ -71,6 +71,16 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
     return out
 
 
+def packed_mask_bytes(micro_batch: int, row_tokens: int, sequence_parallel: int = 1) -> int:
+    """Bytes of the bool block-diagonal mask that packed rows need under sdpa or eager (no
+    varlen kernel): (rows, 1, T, T) per micro-batch, built on the device; under sequence
+    parallelism the micro-batch's rows are one flat row whose whole length every process
+    attends over."""
+    if sequence_parallel > 1:
+        return (micro_batch * row_tokens) ** 2
+    return micro_batch * row_tokens ** 2
+
+
 def scoring_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, logprob_chunk: int,
                   vocab_layout: str = "vocab-parallel") -> float:
     """Peak bytes per device of a scoring forward (reference, behaviour or validation log-probs,

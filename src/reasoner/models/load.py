@@ -5,6 +5,7 @@ GGUF file or any HF model as a plain safetensors folder (`reasoner model import`
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,33 @@ def check_model(name_or_path: str, key: str = "model.name_or_path") -> None:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+# what a stage reads of a hub model: config, weights, tokenizer, chat template, remote code
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]
+
+
+def fetch_once(name_or_path: str, dist: Any, device: torch.device) -> None:
+    """A hub id under several processes: one process downloads its files into the hub cache
+    (rank 0 when every process sees that cache, else the first process of each node), the
+    others wait, then every process reads the cache offline: no 64 processes asking the hub
+    for the same files (rate limits, lock contention on a shared cache). A failed download
+    stops every process with its reason. A collective: every process calls it."""
+    if (dist.world_size == 1 or not hub.is_hub_id(name_or_path) or hub.offline()
+            or Path(name_or_path).expanduser().exists()):
+        return
+    from huggingface_hub import constants, snapshot_download
+
+    shared = dev.sees_same_folder(Path(constants.HF_HUB_CACHE), dist, device)
+    failed = ""
+    if dist.is_main if shared else dist.local_rank == 0:
+        try:
+            snapshot_download(name_or_path, allow_patterns=HUB_FILES)
+        except Exception as exc:  # noqa: BLE001 - any failure must reach the waiting processes
+            failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if dev.all_reduce([float(bool(failed))], dist, device)[0]:
+        raise InputError(f"model.name_or_path={name_or_path}: cannot download it ("
+                         f"{failed or 'the download failed on another process'})")
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for what starts later (hub.offline, datasets)
+    constants.HF_HUB_OFFLINE = True  # what huggingface_hub and transformers read from now on
 
 
 def check_whole(folder: Path, key: str = "model.name_or_path") -> None:

@@ -110,11 +110,25 @@ class PolicyLogprobs(nn.Module):
         Sequence-parallel: every process of the group is given the whole flat micro-batch,
         computes its slice, and returns the whole (N,) (models.sequence_parallel)."""
         if not self.sp.on:
-            return self._logprobs(input_ids, position_ids, attention_mask, labels, {})
+            return self._logprobs(input_ids, position_ids, attention_mask, labels,
+                                  self._boundaries(input_ids, position_ids, attention_mask))
         part = sequence_parallel.split(input_ids, position_ids, labels, self.sp)
         local = self._logprobs(part.input_ids, part.position_ids, None, part.labels,
                                part.attn_kwargs)  # (n,)
         return sequence_parallel.gather(local, part, self.sp)  # (N,)
+
+    def _boundaries(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None
+                    ) -> dict:
+        """A flat packed row (1, T) for a varlen kernel: its sequence boundaries, computed here
+        once per micro-batch and passed to every layer's kernel (transformers accepts them as
+        forward arguments), where transformers would derive them from the position ids again
+        in every layer (a host sync per layer; two on Ascend). {} otherwise."""
+        kernel = getattr(self.model.config, "_attn_implementation", None) or ""
+        if attention_mask is not None or input_ids.shape[0] != 1 or not kernel.startswith("flash"):
+            return {}
+        cu, longest = sequence_parallel.row_boundaries(position_ids)
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
+                "max_length_k": longest}
 
     def _logprobs(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
                   labels: Tensor, attn_kwargs: dict) -> Tensor:

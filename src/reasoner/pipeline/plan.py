@@ -16,7 +16,13 @@ from pathlib import Path
 
 from reasoner.config import TrainerConfig
 from reasoner.errors import ConfigError
-from reasoner.models.footprint import GIB, megatron_bytes, scoring_bytes, training_bytes
+from reasoner.models.footprint import (
+    GIB,
+    megatron_bytes,
+    packed_mask_bytes,
+    scoring_bytes,
+    training_bytes,
+)
 from reasoner.models.sequence_parallel import check_heads
 from reasoner.models.shapes import KNOWN, Shape, shape_of
 from reasoner.models.vocab_layout import choose_vocab_layout, vocab_note
@@ -84,6 +90,10 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
                               "fits" if need <= mem_gib else "does not fit: raise tp / pp")
     refused = _sequence_parallel_refused(shape, model, sp, devices)
     parts, vocab, scoring = _fsdp_parts(cfg, shape, devices, mem_gib, dtype_bytes, extra)
+    mask = packed_mask_bytes(cfg.run.micro_batch, cfg.row_tokens, sp) if cfg.packing else 0
+    masked = kind != "cpu" and cfg.model.attn_implementation in ("sdpa", "eager")
+    if mask and masked:  # no varlen kernel: the block mask of every micro-batch (attention.py)
+        parts["packed-row mask (T x T)"] = mask
     scoring = scoring if scores else 0.0
     need = 1.1 * max(sum(parts.values()), scoring) / GIB  # allocator fragmentation
     verdict = "fits"
@@ -98,6 +108,11 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
     if scores:
         estimate.notes.append(f"scoring forward (reference / behaviour log-probs, no "
                               f"gradient): {1.1 * scoring / GIB:.1f} GiB")
+    if mask and not masked and kind != "cpu" and cfg.model.attn_implementation is None:
+        kernel = ("flash-attn installed (pip install 'reasoner[flash]')" if kind not in NPU_KINDS
+                  else "torch_npu's fused attention (flash_attention_2)")
+        estimate.notes.append(f"packed rows assume {kernel}; under sdpa each micro-batch adds a "
+                              f"T x T mask of {1.1 * mask / GIB:.2f} GiB")
     if sp > 1:
         estimate.notes.append(f"sequence parallel {sp}: each process {cfg.micro_batch_tokens:,} "
                               f"of a micro-batch's {cfg.run.micro_batch * cfg.row_tokens:,} "

@@ -126,11 +126,37 @@ def uses_vllm(stage: StageRun) -> bool:
     return False
 
 
+MODEL_STAGES = ("sft", "train-offline", "infer", "eval")
+
+
+def uses_accelerator(stage: StageRun) -> bool:
+    """The stage loads a model onto a GPU / NPU: a trainer or a generator whose device is cuda
+    or npu, or `auto` on a machine that has one (a judge too)."""
+    from reasoner import device as dev
+
+    cfg = stage.config
+    if stage.command == "verify" and cfg.mode != "rule" and cfg.judge.model is not None:
+        wanted = cfg.judge.model.device
+    elif stage.command in MODEL_STAGES:
+        wanted = cfg.model.device
+    else:
+        return False
+    return wanted in ("cuda", "npu") or (wanted == "auto" and dev.local_devices() is not None)
+
+
+def own_process(stage: StageRun) -> bool:
+    """Whether a stage runs in a process of its own: with a launcher (torchrun), when it builds
+    a vLLM engine (vLLM does not free device memory when an engine is deleted), and whenever it
+    puts a model on a GPU / NPU (the caching allocator keeps what a finished stage held, and the
+    next stage's vLLM start-up check then finds too little free: a one-GPU recipe died at its
+    first eval after training). On a CPU the stages stay in this process, where starting one
+    would cost an import of torch and transformers each."""
+    return bool(stage.spec.launcher) or uses_vllm(stage) or uses_accelerator(stage)
+
+
 def _execute(stage: StageRun, config_path: Path) -> None:
-    """Run a stage: in this process, or in its own when it has a launcher (torchrun) or builds a
-    vLLM engine (vLLM does not free device memory when an engine is deleted: a second engine
-    in the same process would find the first one's memory still taken)."""
-    if stage.spec.launcher or uses_vllm(stage):
+    """Run a stage: in this process, or in its own (`own_process`)."""
+    if own_process(stage):
         cmd = command_line(stage, config_path)
         if not stage.spec.launcher:  # this interpreter, whatever `reasoner` on PATH is
             cmd = [sys.executable, "-m", "reasoner", *cmd[1:]]

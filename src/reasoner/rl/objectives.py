@@ -12,9 +12,10 @@ micro-batching, packing and processes cannot change the loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -109,43 +110,65 @@ def divergence(data: Rollouts) -> list[int]:
     """Per sample: response tokens it shares as a prefix with some positive of its group.
 
     0 for positives. A negative's tokens before this point are the same as a correct
-    response's: they are not what made it wrong.
+    response's: they are not what made it wrong. Read one group at a time (at the recipe's
+    scale every response as Python lists would be tens of GB on every process).
     """
-    resp = [data.ids[i][data.prompt_lens[i]:] for i in range(len(data.ids))]
-    positives: dict[int, list[int]] = {}
-    for i in range(len(resp)):
-        if data.rewards[i] > 0:
-            positives.setdefault(int(data.groups[i]), []).append(i)
-    out = []
-    for i, r in enumerate(resp):
-        shared = 0
-        if data.rewards[i] <= 0:
-            for j in positives.get(int(data.groups[i]), []):
-                q = resp[j]
-                n = next((t for t in range(min(len(r), len(q))) if r[t] != q[t]), min(len(r), len(q)))
-                shared = max(shared, n)
-        out.append(shared)
+    rewards = data.rewards.tolist()
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(data.groups.tolist()):
+        members.setdefault(int(g), []).append(i)
+    out = [0] * len(rewards)
+    for group in members.values():
+        wrong = [i for i in group if rewards[i] <= 0]
+        correct = [_response(data, j) for j in group if rewards[j] > 0] if wrong else []
+        for i in wrong if correct else ():
+            r = _response(data, i)
+            out[i] = max(_shared_prefix(r, q) for q in correct)
     return out
+
+
+def _response(data: Rollouts, i: int) -> np.ndarray:
+    return np.asarray(data.ids[i][data.prompt_lens[i]:])
+
+
+def _shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+class ScopeMasks(Sequence):
+    """pcl's per-token 1 / 0 masks, one per sample, made when a micro-batch asks for its
+    samples' masks: held as three numbers per sample, not one float per token."""
+
+    def __init__(self, lengths: list[int], starts: list[int], ends: list[int]):
+        self.lengths, self.starts, self.ends = lengths, starts, ends
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> list[float]:  # type: ignore[override]
+        n, a, b = self.lengths[i], self.starts[i], self.ends[i]
+        return [0.0] * a + [1.0] * (b - a) + [0.0] * (n - b)
 
 
 def every_token(obj: ObjectiveConfig, data: Rollouts) -> None:
     return None
 
 
-def pcl_scope(obj: ObjectiveConfig, data: Rollouts) -> list[list[float]] | None:
+def pcl_scope(obj: ObjectiveConfig, data: Rollouts) -> ScopeMasks | None:
     """Per-token 1/0 masks restricting negatives to their divergent suffix (pcl's neg_scope)."""
     if obj.neg_scope == "all":
         return None
     cut = divergence(data)
-    masks = []
-    for i in range(len(data.ids)):
-        n = data.resp_len(i)
-        if data.rewards[i] > 0:
-            masks.append([1.0] * n)
-            continue
-        end = n if obj.neg_scope == "divergent" else min(cut[i] + 1, n)
-        masks.append([0.0] * cut[i] + [1.0] * (end - cut[i]) + [0.0] * (n - end))
-    return masks
+    lengths = [data.resp_len(i) for i in range(len(data.ids))]
+    starts, ends = [], []
+    rewards = data.rewards.tolist()
+    for i, n in enumerate(lengths):
+        positive = rewards[i] > 0
+        starts.append(0 if positive else cut[i])
+        ends.append(n if positive or obj.neg_scope == "divergent" else min(cut[i] + 1, n))
+    return ScopeMasks(lengths, starts, ends)
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,7 +222,7 @@ class Objective:
 
     signal: Callable[[ObjectiveConfig, Rollouts], Tensor]
     step: Callable[[Tensor, Micro, ObjectiveConfig, GlobalCounts], StepResult]
-    scope: Callable[[ObjectiveConfig, Rollouts], list[list[float]] | None] = every_token
+    scope: Callable[[ObjectiveConfig, Rollouts], Sequence[list[float]] | None] = every_token
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -217,7 +240,7 @@ def sample_signal(obj: ObjectiveConfig, data: Rollouts) -> Tensor:
     return OBJECTIVES[obj.name].signal(obj, data)
 
 
-def token_scope(obj: ObjectiveConfig, data: Rollouts) -> list[list[float]] | None:
+def token_scope(obj: ObjectiveConfig, data: Rollouts) -> Sequence[list[float]] | None:
     """Per-token masks of the tokens the loss sees, or None for all of them."""
     return OBJECTIVES[obj.name].scope(obj, data)
 

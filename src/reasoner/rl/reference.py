@@ -38,9 +38,8 @@ def score(policy: nn.Module, data: Rollouts, micro_batches: list[list[list[int]]
     `passes`: run at least this many forwards, the extra ones on a one-sample dummy whose result
     is dropped (a sharded policy's forward is a collective: every process must run as many)."""
     out: dict[int, list[float]] = {}
-    dummy = [[0]]
     for k in range(max(len(micro_batches), passes)):
-        rows = micro_batches[k] if k < len(micro_batches) else dummy
+        rows = micro_batches[k] if k < len(micro_batches) else []  # [] : a one-token dummy
         b = batching.collate(data, rows).to(env.device)
         with dev.autocast(env.device, env.dtype):
             logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float().cpu()
@@ -55,11 +54,11 @@ def score(policy: nn.Module, data: Rollouts, micro_batches: list[list[list[int]]
 
 def score_share(policy: nn.Module, data: Rollouts, samples: list[int], batching: Batching,
                 env: Env) -> dict[int, list[float]]:
-    """`score` of this process's data-parallel share of `samples` (every member of a
-    sequence-parallel group scores the same share), each process running as many forwards as
-    the busiest."""
+    """`score` of this process's data-parallel share of `samples` (token-balanced; every member
+    of a sequence-parallel group scores the same share), each process running as many forwards
+    as the busiest."""
     dist = env.dist
-    mbs = batching.micro_batches(samples[dist.dp_rank::dist.dp_size], data)
+    mbs = batching.micro_batches(batching.share(samples, data, dist), data)
     passes = int(dev.all_reduce([len(mbs)], dist, env.device, "max")[0])
     return score(policy, data, mbs, batching, env, passes)
 

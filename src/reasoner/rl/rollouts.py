@@ -45,8 +45,13 @@ class Rollouts:
     old_logp: Sequence[list[float]] | None  # behaviour log-probs per response token
     dropped: int
 
+    def length(self, i: int) -> int:
+        """Sample i's tokens (read from the column's offsets, not by reading its ids)."""
+        lengths = getattr(self.ids, "lengths", None)
+        return int(lengths[i]) if lengths is not None else len(self.ids[i])
+
     def resp_len(self, i: int) -> int:
-        return len(self.ids[i]) - self.prompt_lens[i]
+        return self.length(i) - self.prompt_lens[i]
 
     def loss_mask(self, i: int) -> list[bool]:
         """True on the response tokens of sample i (the tokens that are scored)."""
@@ -78,20 +83,26 @@ class Batching:
         return [samples[i] for i in schedule.global_batch_rows(len(samples), self.global_batch,
                                                                self.seed, step)]
 
+    def share(self, samples: list[int], data: Rollouts, dist: Any) -> list[int]:
+        """This process's data-parallel share of `samples`: token-balanced over the groups
+        (`packing.balanced_shares`), the same for every member of a sequence-parallel group."""
+        lengths = {i: data.length(i) for i in samples}
+        return packing.balanced_shares(samples, lengths, dist.dp_size)[dist.dp_rank]
+
     def micro_batches(self, samples: list[int], data: Rollouts) -> list[list[list[int]]]:
         """Micro-batches of rows of rollout indices: packed bins, or one sample per row."""
         if self.packing:
-            bins = packing.pack([len(data.ids[i]) for i in samples], self.seq_len)
+            bins = packing.pack([data.length(i) for i in samples], self.seq_len)
             rows = [[samples[j] for j in b] for b in bins]
         else:
-            rows = [[i] for i in sorted(samples, key=lambda i: len(data.ids[i]))]
+            rows = [[i] for i in sorted(samples, key=data.length)]
         mb = self.micro_batch
         return [rows[k:k + mb] for k in range(0, len(rows), mb)]
 
     def collate(self, data: Rollouts, rows: list[list[int]]) -> packing.Batch:
         """A micro-batch's rows as tensors: packed as wide as its longest row, with no mask (one
         flat row for a varlen kernel; transformers derives the mask from the position ids
-        otherwise), or padded."""
+        otherwise), or padded; no rows: a one-token dummy pass."""
         return packing.collate(data, rows, self.packing, None, self.pad, self.varlen)
 
 
@@ -121,8 +132,9 @@ def cache_path(cfg: OfflineConfig, tokenizer: Any) -> Path:
 
 
 def load_rollouts(cfg: OfflineConfig, tokenizer: Any, dist: Any = None) -> Rollouts:
-    """Stream the Verified shard into a memory-mapped Arrow file once (local rank 0 of each node
-    writes it, the others wait and map it) and read the samples from it."""
+    """Stream the Verified shard into a memory-mapped Arrow file once (in the run folder, which
+    every process sees: rank 0 writes it, the others wait and map it) and read the samples
+    from it."""
     path = cache_path(cfg, tokenizer)
     # the .json (dropped count) is written last: its presence marks a complete cache
     token_cache.build_once(path.with_suffix(".json"), lambda _: _write(cfg, tokenizer, path), dist)

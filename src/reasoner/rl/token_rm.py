@@ -8,6 +8,7 @@ AdamW, and may first train alone for a few steps (`warm_up`, OREAL's frozen acto
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,9 @@ class TokenRM:
     model: TokenRewardModel
     optimizer: torch.optim.Optimizer
     env: Env
+    lr: float = 1e-5  # objective.rm_lr
+    min_lr: float | None = None  # objective.rm_min_lr: cosine to it over `steps`, else constant
+    steps: int = 0  # the RM's optimiser steps in the whole run: warm-up + policy steps
 
     def train_pass(self, batch: packing.Batch, sample_index: Tensor, rewards: Tensor,
                    counts: GlobalCounts, scale: float) -> tuple[Tensor, float]:
@@ -109,12 +113,24 @@ class TokenRM:
         (loss * (float(scale > 0) / self.env.dist.sp_size)).backward()
         return scores, metrics["rm_bce"]
 
-    def step(self) -> None:
+    def step(self, at: int = 0) -> None:
+        """The RM's optimiser step number `at` (counted from its first warm-up step), at the
+        learning rate its schedule gives that step."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(at)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def lr_at(self, at: int) -> float:
+        """rm_lr, or its cosine decay to rm_min_lr over `self.steps` steps."""
+        if self.min_lr is None or self.steps <= 1:
+            return self.lr
+        progress = min(1.0, at / (self.steps - 1))
+        return self.min_lr + (self.lr - self.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
-def load_token_rm(cfg: OfflineConfig, env: Env, attn: str, vocab: VocabSplit) -> TokenRM:
+
+def load_token_rm(cfg: OfflineConfig, env: Env, attn: str, vocab: VocabSplit,
+                  policy_steps: int = 0) -> TokenRM:
     """OREAL's token RM: the starting policy's weights with a zero head, loaded (and with several
     processes sharded) by the policy's own loader; recomputes activations when the policy does
     (it trains on the policy's batches: as long, as wide)."""
@@ -127,7 +143,9 @@ def load_token_rm(cfg: OfflineConfig, env: Env, attn: str, vocab: VocabSplit) ->
     if cfg.run.gradient_checkpointing:
         rm.model.gradient_checkpointing_enable()
     rm.train()
-    return TokenRM(rm, torch.optim.AdamW(rm.parameters(), lr=cfg.objective.rm_lr), env)
+    obj = cfg.objective
+    return TokenRM(rm, torch.optim.AdamW(rm.parameters(), lr=obj.rm_lr), env, obj.rm_lr,
+                   obj.rm_min_lr, obj.rm_warmup_steps + policy_steps)
 
 
 def warm_up(rm: TokenRM, state: training.TrainState, data: Rollouts, samples: list[int],
@@ -152,12 +170,15 @@ def _warm_up_step(rm: TokenRM, state: training.TrainState, data: Rollouts, sampl
     def one(rows: list[list[int]], scale: float) -> training.MicroOut:
         index = [i for r in rows for i in r]
         b = batching.collate(data, rows).to(rm.env.device)
+        if not index:  # a dummy pass: the RM's collectives on one token
+            with dev.autocast(rm.env.device, rm.env.dtype):
+                (rm.model(b).sum() * 0.0).backward()
+            return training.MicroOut({})
         _, bce = rm.train_pass(b, b.sample_index[b.labels >= 0],
                                data.rewards[index].to(rm.env.device), counts, scale)
         return training.MicroOut({}, {"rm_bce": bce}, len(index) / counts.samples)
 
-    mine = batch_idx[state.dist.dp_rank::state.dist.dp_size]
-    bce = training.accumulate(state, batching.micro_batches(mine, data), one,
-                              dummy=[[batch_idx[0]]])["rm_bce"]
-    rm.step()
+    mine = batching.share(batch_idx, data, state.dist)
+    bce = training.accumulate(state, batching.micro_batches(mine, data), one, dummy=[])["rm_bce"]
+    rm.step(step)
     return bce

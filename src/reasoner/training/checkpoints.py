@@ -321,13 +321,3 @@ def load_checkpoint_state(ckpt: Path, policy: nn.Module, optimizer: torch.optim.
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state
-
-
-def publish_final(out_dir: Path, ckpt: Path) -> Path:
-    """Copy the last checkpoint's HF files to `out_dir/final` (atomically: tmp, then rename)."""
-    final, tmp = Path(out_dir) / "final", Path(out_dir) / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ckpt, tmp, ignore=shutil.ignore_patterns("trainer_state.*", "optimizer"))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final

@@ -34,6 +34,7 @@ from reasoner.device import DistInfo, Env
 from reasoner.errors import Stopped, TrainingError
 from reasoner.runlog import MetricsLog, Timer, progress_bar
 from reasoner.training import checkpoints, schedule
+from reasoner.training.final import publish_final
 from reasoner.training.policy import Loaded
 from reasoner.training.precision import MIN_LOSS_SCALE, clip_grad_norm, loss_scale, make_scaler
 
@@ -156,6 +157,15 @@ def accumulate(state: TrainState, micro_batches: list,
             for k, v in values.items():
                 seen = sign * v if real and math.isfinite(v) else -math.inf
                 top[k], sign_of[k] = max(top.get(k, -math.inf), seen), sign
+    if state.dist.world_size > 1:  # a process may have run dummy passes only: same names all round
+        s, m, x, sign_of = _agreed_names(state, sums, num, top, sign_of)
+        for k in s:
+            sums.setdefault(k, 0.0)
+        for k in m:
+            num.setdefault(k, 0.0)
+            den.setdefault(k, 0.0)
+        for k in x:
+            top.setdefault(k, -math.inf)
     s, m, x = sorted(sums), sorted(num), sorted(top)
     flat = dev.all_reduce([sums[k] for k in s] + [num[k] for k in m] + [den[k] for k in m],
                           state.dist, state.device)
@@ -167,6 +177,20 @@ def accumulate(state: TrainState, micro_batches: list,
     for k, v in zip(x, tops, strict=True):
         result[k] = sign_of[k] * v if math.isfinite(v) else math.nan
     return result
+
+
+def _agreed_names(state: TrainState, sums: dict, means: dict, tops: dict, sign_of: dict
+                  ) -> tuple[list[str], list[str], list[str], dict[str, float]]:
+    """The metric names every process reduces (the union of what each one saw), in one order:
+    a process whose passes were all dummies saw none, and the reductions must line up."""
+    import torch.distributed as tdist
+
+    mine = (sorted(sums), sorted(means), sorted(tops), sign_of)
+    everyone: list = [None] * state.dist.world_size
+    tdist.all_gather_object(everyone, mine)
+    union = [sorted({k for seen in everyone for k in seen[i]}) for i in range(3)]
+    signs = {k: v for seen in everyone for k, v in seen[3].items()}
+    return union[0], union[1], union[2], signs
 
 
 def optimizer_step(state: TrainState, loss: float, step: int) -> dict[str, float]:
@@ -301,6 +325,12 @@ def _save(state: TrainState, step: int, extra_state: Callable[[], dict]) -> Path
     return path
 
 
+def final_dtype(state: TrainState) -> torch.dtype:
+    """The dtype `final/`'s weights are written in: run.save_dtype, or the training dtype."""
+    wanted = state.settings.save_dtype
+    return state.dtype if wanted == "auto" else getattr(torch, wanted)
+
+
 def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = dict,
            trained_with: dict | None = None) -> Path:
     """Save the last checkpoint, publish it as `output_dir/final`, mark the folder complete.
@@ -308,8 +338,8 @@ def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = di
     ckpt = _save(state, state.total_steps, extra_state)
     state.metrics.summary(counts)
     state.metrics.close()
+    final = publish_final(state.out, ckpt, final_dtype(state), state.dist)
     if state.dist.is_main:
-        final = checkpoints.publish_final(state.out, ckpt)
         if trained_with:
             shards.atomic_write_text(final / "reasoner.json", json.dumps(
                 {"trained_by": "reasoner", **trained_with}, indent=2, sort_keys=True) + "\n")
@@ -318,6 +348,7 @@ def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = di
             "skipped_steps": state.skipped, "processes": state.dist.world_size,
             "sequence_parallel": state.dist.sp_size,
             "vocab_layout": state.policy.vocab_layout, **counts,
-            "seconds": round(state.timer.elapsed(), 2), "final_model": str(final)})
+            "seconds": round(state.timer.elapsed(), 2), "final_model": str(final),
+            "final_dtype": str(final_dtype(state)).removeprefix("torch.")})
     dev.barrier(state.dist)
     return state.out / "final"

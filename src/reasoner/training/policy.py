@@ -19,6 +19,7 @@ from reasoner import outputs
 from reasoner.config import ModelConfig, RunConfig, TrainerConfig
 from reasoner.device import Env
 from reasoner.models import sequence_parallel
+from reasoner.models.load import fetch_once
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit
 from reasoner.training import checkpoints
@@ -57,11 +58,14 @@ def _finishing(key: str) -> str:
 def setup(model: ModelConfig, run: RunConfig, output_dir: Path | None = None) -> Env:
     """Device, process group and compute dtype of a training run; seeds torch. With several
     processes, every one must see the same `output_dir` (`device.check_same_folder`)."""
-    device = dev.pick_device(model.device)
     sequence_parallel.check_model(model.name_or_path, run.sequence_parallel)
+    if model.device == "npu" or (model.device == "auto" and dev.npu_installed()):
+        dev.set_hccl_timeout(run.dist_timeout_min)  # before torch_npu is imported
+    device = dev.pick_device(model.device)
     dist = dev.init_distributed(device, run.dist_timeout_min, run.sequence_parallel)
     if output_dir is not None:
         dev.check_same_folder(output_dir, dist, device)
+    fetch_once(model.name_or_path, dist, device)  # one download, then every process offline
     torch.manual_seed(run.seed)
     return Env(device, dist, dev.pick_dtype(model.dtype, device))
 

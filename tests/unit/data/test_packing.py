@@ -82,3 +82,34 @@ def test_packed_logits_equal_unpacked_logits(tiny_model_dir, attn):
             start += len(s)
         assert torch.allclose(packed[1, :12], model(input_ids=torch.tensor([samples[1]]),
                                                     use_cache=False).logits[0], atol=1e-5, rtol=0)
+
+
+def test_a_global_batch_is_split_by_tokens_not_by_stride():
+    """8 samples for 2 data-parallel groups. The strided split (every other sample) gave one
+    group 21,000 tokens and the other 4,000: every collective waited for the first. Longest
+    first into the lighter share gives 13,000 / 12,000, each share in the batch's order, the
+    same on every process; one group is the whole batch."""
+    from reasoner.data.packing import balanced_shares
+
+    lengths = {10: 10_000, 11: 1_000, 12: 9_000, 13: 1_000, 14: 1_000, 15: 1_000, 16: 1_000,
+               17: 1_000}
+    items = list(lengths)
+    strided = [sum(lengths[i] for i in items[g::2]) for g in range(2)]
+    assert strided == [21_000, 4_000]
+    shares = balanced_shares(items, lengths, 2)
+    assert [sum(lengths[i] for i in s) for s in shares] == [13_000, 12_000]
+    assert shares == [[10, 13, 15, 17], [11, 12, 14, 16]]
+    assert sorted(shares[0] + shares[1]) == items
+    assert balanced_shares(items, lengths, 1) == [items]
+    assert balanced_shares(items, lengths, 3)[2] != []  # every group gets work when it can
+
+
+def test_the_dummy_pass_of_a_process_with_fewer_micro_batches_is_one_token():
+    """A process with fewer micro-batches than the busiest runs a dummy pass so the collectives
+    match: one pad token with no target (it used to be a whole real sample, up to 51,200
+    tokens, computed and thrown away)."""
+    from reasoner.data.packing import dummy_batch
+
+    b = dummy_batch(pad_id=0)
+    assert b.input_ids.shape == (1, 1) and (b.labels == IGNORE).all()
+    assert (b.num_samples, b.real_tokens) == (0, 0)

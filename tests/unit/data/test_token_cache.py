@@ -48,3 +48,23 @@ def test_only_the_first_process_of_a_node_builds(tmp_path):
     assert token_cache.build_once(tmp_path / "x.arrow", build, None) is False and built
     assert token_cache.build_once(tmp_path / "x.arrow", build, None) is True and len(built) == 1
     assert np.array_equal(token_cache.TokenTable(tmp_path / "x.arrow").lengths, [2])
+
+
+def test_one_process_of_the_job_builds_a_shared_cache_one_per_node_a_local_one(tmp_path,
+                                                                              monkeypatch):
+    """Rank 2 is the first process of the second node: with the cache on a file system every
+    node shares, rank 0 alone builds it (one tokenizing for the job, not one per node racing
+    to the same file); on node-local disks each node's first process builds its copy."""
+    monkeypatch.setattr(dev, "barrier", lambda dist: None)
+    built = []
+
+    def build(path):
+        built.append(path)
+        token_cache.write(path, [("a", "b")], fake_tokenize)
+
+    second_node = dev.DistInfo(rank=2, world_size=4, local_rank=0)
+    assert token_cache.build_once(tmp_path / "x.arrow", build, second_node) is False and not built
+    assert token_cache.build_once(tmp_path / "x.arrow", build, second_node, shared=False) is False
+    assert len(built) == 1
+    first = dev.DistInfo(rank=0, world_size=4, local_rank=0)
+    assert token_cache.build_once(tmp_path / "y.arrow", build, first) is False and len(built) == 2

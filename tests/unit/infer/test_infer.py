@@ -317,3 +317,36 @@ def test_the_decode_loop_uses_the_current_cache_argument(tiny_model_dir):
     expected = "cache" if "cache" in inspect.signature(gen.model.forward).parameters \
         else "past_key_values"
     assert gen.cache_arg == expected
+
+
+def test_the_completion_check_holds_one_sample_at_a_time(tmp_path, monkeypatch):
+    """At the recipe's size every node's completion check would hold ~60 GB of samples: it
+    reads them one at a time, keeping keys and sums (here 200 samples, never more than 2
+    alive), and still says what it said before: counts, means, entropy, duplicates."""
+    import gc
+    import weakref
+
+    class Row(dict):  # a dict that can be watched
+        pass
+
+    alive, peak = [0], [0]
+
+    def fake_rows(out, schema):
+        for i in range(200):
+            row = Row(id=f"p{i // 4}", sample_idx=i % 4, response_tokens=i % 7,
+                      finish_reason="length" if i % 10 == 0 else "stop", logprobs=[-0.5] * (i % 7))
+            alive[0] += 1
+            weakref.finalize(row, lambda: alive.__setitem__(0, alive[0] - 1))
+            gc.collect()
+            peak[0] = max(peak[0], alive[0])
+            yield row
+
+    monkeypatch.setattr(infer.shards, "iter_rows", fake_rows)
+    finished = {}
+    monkeypatch.setattr(infer.shards, "finish", lambda out, counts, last_run: finished.update(counts))
+    infer._finish_if_complete(tmp_path, [{"id": f"p{j}"} for j in range(50)], 4, {})
+    assert peak[0] <= 2
+    lengths = [i % 7 for i in range(200)]
+    assert finished == {"problems": 50, "samples": 200, "mean_response_tokens": sum(lengths) / 200,
+                        "max_response_tokens": 6, "truncation_rate": 0.1, "prompt_too_long": 0,
+                        "token_entropy": 0.5}

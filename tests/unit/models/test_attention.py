@@ -38,17 +38,38 @@ def test_ascend_gets_the_fused_attention_transformers_routes_flash_attention_2_t
 def test_never_flash_with_fp32(flash_installed):
     """An fp32 run gets sdpa whatever is installed, and asking for flash-attention in fp32 is
     refused before any work (flash kernels compute in bf16 / fp16 only)."""
-    assert plan_attention(None, CUDA, FP32, True) == AttentionPlan("sdpa", False)
-    assert plan_attention(None, NPU, FP32, True) == AttentionPlan("sdpa", False)
+    for device in (CUDA, NPU):
+        got = plan_attention(None, device, FP32, True)
+        assert (got.implementation, got.varlen) == ("sdpa", False) and got.warning
     with pytest.raises(ConfigError, match="computes in bf16 / fp16, but this run computes in "
                                           "float32: set model.dtype=bfloat16"):
         plan_attention("flash_attention_2", CUDA, FP32, True)
 
 
 def test_without_flash_attn_sdpa_and_asking_for_it_names_the_extra(flash_absent):
-    assert plan_attention(None, CUDA, BF16, True) == AttentionPlan("sdpa", False)
+    got = plan_attention(None, CUDA, BF16, True)
+    assert (got.implementation, got.varlen) == ("sdpa", False)
     with pytest.raises(DependencyError, match=r"pip install 'reasoner\[flash\]'"):
         plan_attention("flash_attention_2", CUDA, BF16, True)
+
+
+def test_packed_rows_without_a_varlen_kernel_on_a_device_are_said_with_their_mask_bytes(
+        flash_absent, capsys):
+    """PCL's 51,200-token rows under sdpa on a GPU without flash-attn: a (1, 1, T, T) bool mask
+    of 2.44 GiB per micro-batch, said at the start with the fix. Sequence parallelism flattens
+    the micro-batch (2 rows of 32K: one (64K)^2-byte mask, 4 GiB, not 2 x 1 GiB). Padded rows, varlen kernels and the CPU
+    are not warned about."""
+    got = plan_attention(None, CUDA, BF16, True, micro_batch=1, row_tokens=51_200)
+    assert "2.44 GiB at 1 x 51,200 tokens" in got.warning
+    assert "pip install 'reasoner[flash]'" in got.warning
+    npu = plan_attention("sdpa", NPU, BF16, True, micro_batch=2, row_tokens=32_768)
+    assert "2.00 GiB at 2 x 32,768 tokens" in npu.warning and "torch_npu" in npu.warning
+    assert attention._mask_warning("sdpa", CUDA, 2, 32_768, sp=2).count("4.00 GiB") == 1
+    attention.warn(got, is_main=True)
+    attention.warn(got, is_main=False)
+    assert capsys.readouterr().err.count("no varlen kernel") == 1
+    assert not plan_attention(None, CUDA, BF16, False, row_tokens=51_200).warning
+    assert not plan_attention(None, CPU, FP32, True, row_tokens=51_200).warning
 
 
 def test_cpu_runs_sdpa_or_what_is_asked_and_never_flat(flash_absent):

@@ -122,3 +122,52 @@ def test_peak_memory_is_a_few_chunks_and_does_not_grow_with_tokens():
     assert chunked < logits_bytes / 2, (chunked, naive)
     # Twice the tokens (512 MiB more logits) adds only the (N, H) buffers (measured 0-15 MiB).
     assert chunked_2x - chunked < 64 * 2**20, (chunked, chunked_2x)
+
+
+def test_a_flat_packed_row_hands_its_boundaries_to_every_layers_varlen_kernel(tiny_model_dir,
+                                                                               monkeypatch):
+    """A flat micro-batch (1, T) of 3 packed samples (5, 3 and 4 tokens) under a flash kernel:
+    every decoder layer's attention call receives the boundaries computed once from the position
+    ids (cu_seq_lens [0, 5, 8, 12], longest 5), so transformers need not derive them (and sync
+    with the host) in each layer. The flash kernel is a stand-in that records what it is given
+    and computes sdpa per sequence; the log-probs equal the three samples scored apart."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from reasoner.models.logprobs import PolicyLogprobs
+
+    seen = []
+
+    def varlen(module, q, k, v, mask, dropout=0.0, scaling=None, **kw):  # (B, H, T, D) in
+        seen.append({n: kw.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                                           "max_length_k")})
+        cu = kw["cu_seq_lens_q"].tolist()
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        outs = [torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True, scale=scaling)
+            for a, b in zip(cu[:-1], cu[1:], strict=True)]
+        return torch.cat(outs, dim=2).transpose(1, 2), None  # (B, T, H, D)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", varlen)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(0)
+    samples = [torch.randint(3, 100, (n,), generator=g) for n in (5, 3, 4)]
+    ids = torch.cat(samples).unsqueeze(0)
+    pos = torch.cat([torch.arange(len(s)) for s in samples]).unsqueeze(0)
+    labels = torch.cat([torch.cat([s[1:], s.new_tensor([-100])]) for s in samples]).unsqueeze(0)
+    policy = PolicyLogprobs(model)
+    with torch.no_grad():
+        apart = torch.cat([policy(s.unsqueeze(0), torch.arange(len(s)).unsqueeze(0), None,
+                                  torch.cat([s[1:], s.new_tensor([-100])]).unsqueeze(0))
+                           for s in samples])
+        model.config._attn_implementation = "flash_attention_2"
+        flat = policy(ids, pos, None, labels)
+    layers = model.config.num_hidden_layers
+    assert len(seen) == layers
+    for got in seen:
+        assert got["cu_seq_lens_q"].tolist() == [0, 5, 8, 12] and got["cu_seq_lens_q"].dtype == torch.int32
+        assert got["cu_seq_lens_k"] is got["cu_seq_lens_q"]  # computed once, shared by layers
+        assert (got["max_length_q"], got["max_length_k"]) == (5, 5)
+    assert seen[0]["cu_seq_lens_q"] is seen[-1]["cu_seq_lens_q"]
+    torch.testing.assert_close(flat, apart, atol=1e-5, rtol=0)

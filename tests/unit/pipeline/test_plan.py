@@ -39,6 +39,22 @@ def test_without_sequence_parallelism_the_advice_names_it_and_nothing_already_on
     assert "gradient_checkpointing" not in verdict and "mindspeed" not in verdict
 
 
+def test_packed_rows_under_sdpa_on_a_device_count_their_mask():
+    """Asked for sdpa, train-offline's 51,200-token rows shared by 4 processes hold one flat row
+    per micro-batch and its (51,200)^2-byte mask (2.44 GiB, 2.69 with the plan's 10%); left to
+    choose, the plan assumes a varlen kernel and says what sdpa would add."""
+    sdpa = {p.name: p for p in plan.plan_recipe(
+        PCL, 64, 64.0, "910b", overrides=["train-offline.model.attn_implementation=sdpa"])}
+    default = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "910b")}
+    rl, rl0 = sdpa["train-offline"], default["train-offline"]
+    assert rl.parts["packed-row mask (T x T)"] == pytest.approx(51_200 ** 2 / 2**30)
+    assert rl.need_gib - rl0.need_gib == pytest.approx(1.1 * 51_200 ** 2 / 2**30)
+    assert "packed-row mask (T x T)" not in rl0.parts
+    assert any("under sdpa each micro-batch adds a T x T mask of 2.69 GiB" in n for n in rl0.notes)
+    cpu = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "cpu")}["train-offline"]
+    assert not any("T x T" in n for n in cpu.notes)
+
+
 def test_a_sequence_parallel_size_the_heads_do_not_split_is_refused():
     """SmolLM2-135M has 9 query heads and 3 key/value heads: 2 does not divide them."""
     from reasoner.models.shapes import shape_from_config

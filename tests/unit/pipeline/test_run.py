@@ -131,3 +131,30 @@ def test_time_left_scales_the_stages_to_run_by_this_machines_speed(tmp_path):
     assert pipeline.time_left(plan, plan[0]) is None  # nothing timed yet
     plan[5].seconds = 40.0
     assert pipeline.time_left(plan, plan[6]) is None  # nothing left
+
+
+def test_on_a_gpu_every_stage_that_loads_a_model_runs_in_its_own_process(monkeypatch, tmp_path):
+    """The one-GPU recipe: `rl` trained in `reasoner run`'s own process, and the caching
+    allocator kept its memory, so the next stage's vLLM start-up check found 7 of 24 GiB free.
+    With a (fake) GPU every stage that loads a model runs in a process of its own, the data
+    stage stays in this one; on a CPU-only machine all of them stay (a process start there costs
+    an import of torch and transformers)."""
+    import subprocess
+
+    from reasoner import device as dev
+    from reasoner.infer import engines
+
+    base = Path(__file__).parents[3] / "configs" / "gsm8k_1gpu"
+    stages = {s.name: s for s in pipeline.resolve(load_recipe(base / "recipe.yaml", []), base)}
+    monkeypatch.setattr(engines, "pick_backend", lambda backend: "hf")  # no vLLM here
+    monkeypatch.setattr(dev, "local_devices", lambda: None)
+    assert not any(pipeline.own_process(s) for s in stages.values()
+                   if not s.spec.launcher)
+    monkeypatch.setattr(dev, "local_devices", lambda: ("gpu", 1, 24.0))
+    own = {name for name, s in stages.items() if pipeline.own_process(s)}
+    assert {"rl", "samples"} <= own and "verified" not in own
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0))
+    pipeline._execute(stages["rl"], tmp_path / "rl.yaml")
+    assert calls and calls[0][-2:] == ["train-offline", str(tmp_path / "rl.yaml")]

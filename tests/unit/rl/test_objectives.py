@@ -31,7 +31,39 @@ def test_divergence_spares_shared_prefixes():
     assert divergence(r) == [0, 2, 0]
     obj = OfflineConfig.model_validate({"model": {"name_or_path": "x"}, "input_dir": "x",
                                         "output_dir": "x", "objective": {"neg_scope": "first"}}).objective
-    assert token_scope(obj, r) == [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0]]
+    assert list(token_scope(obj, r)) == [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0]]
+
+
+def test_divergence_reads_one_group_at_a_time():
+    """64 samples in 8 groups of 8 (4 right, 4 wrong): never more than one group's responses
+    are held at once (about a group), where every response used to be held for the whole
+    pass; the answer is
+    the prefix a wrong response shares with its group's closest right one."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    alive, peak = [0], [0]
+
+    class Ids(list):  # hands out arrays it can watch
+        def __getitem__(self, i):
+            a = np.array(list.__getitem__(self, i))
+            alive[0] += 1
+            weakref.finalize(a, lambda: alive.__setitem__(0, alive[0] - 1))
+            gc.collect()
+            peak[0] = max(peak[0], alive[0])
+            return a
+
+    rows = [[9] + [g, k % 4, k] for g in range(8) for k in range(8)]  # prompt 9
+    r = rollouts([1.0 if k < 4 else -1.0 for g in range(8) for k in range(8)],
+                 [g for g in range(8) for _ in range(8)], ids=Ids(rows))
+    got = divergence(r)
+    assert peak[0] <= 2 * 8  # this group and the one before it, at most (was: all 64)
+    # wrong sample k shares [g, k % 4] with right sample k % 4, then differs at k
+    assert got == [0, 0, 0, 0, 2, 2, 2, 2] * 8
+    obj = objective(neg_scope="first")
+    assert list(token_scope(obj, r))[4] == [0.0, 0.0, 1.0]
 
 
 def test_pcl_signal_folds_in_neg_weight_balance_and_baseline():

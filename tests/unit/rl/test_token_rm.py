@@ -74,3 +74,24 @@ def test_token_reward_model_learns_the_deciding_tokens(tiny_model_dir, seed):
     assert gaps.mean() > 3 * stderr, (gaps.mean(), stderr)
 
 
+
+
+def test_the_token_rm_learning_rate_decays_as_oreals_32b_config_says():
+    """OREAL-32B: the RM's lr goes from 2e-6 to 4e-7 (cosine) over its 10 frozen-policy steps
+    and the policy's 80; each step is taken at its step's rate (set from the step number, so a
+    resumed run continues on the same curve). Without rm_min_lr the rate stays rm_lr."""
+    import math
+
+    from reasoner.device import Env
+    from reasoner.rl.token_rm import TokenRM
+
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([w], lr=1.0)
+    rm = TokenRM(None, opt, Env(torch.device("cpu"), None, torch.float32), 2e-6, 4e-7, 10 + 80)
+    assert rm.lr_at(0) == 2e-6 and rm.lr_at(89) == pytest.approx(4e-7, rel=1e-12)
+    assert rm.lr_at(44.5) == pytest.approx(4e-7 + 1.6e-6 * 0.5 * (1 + math.cos(math.pi / 2)))
+    w.grad = torch.ones(1)
+    rm.step(89)
+    assert opt.param_groups[0]["lr"] == pytest.approx(4e-7) and w.item() == pytest.approx(-4e-7)
+    flat = TokenRM(None, opt, None, 2e-6, None, 90)
+    assert {flat.lr_at(k) for k in (0, 45, 89)} == {2e-6}

@@ -57,3 +57,79 @@ def test_streamed_files_hold_what_safetensors_itself_would_write(tmp_path):
     with safe_open(tmp_path / "model.safetensors", "pt") as f:
         assert f.metadata() == {"format": "pt"}
     assert not (tmp_path / "model.safetensors.index.json").exists()
+
+
+def _fake_checkpoint(tmp_path, tiny_model_dir, shard_bytes):
+    """A checkpoint folder as a multi-process save leaves it: fp32 weights in several files with
+    an index, config and tokenizer, plus what only a resume reads."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.device import DistInfo
+    from reasoner.models.logprobs import PolicyLogprobs
+    from reasoner.training.checkpoints import stream_weights
+
+    ckpt = tmp_path / "out" / "checkpoint-3"
+    ckpt.mkdir(parents=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    stream_weights(ckpt, PolicyLogprobs(model), DistInfo(), shard_bytes=shard_bytes)
+    for f in tiny_model_dir.iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy2(f, ckpt / f.name)
+    (ckpt / "aux").mkdir()
+    (ckpt / "aux" / "__0_0.distcp").write_bytes(b"token RM and its AdamW state")
+    (ckpt / "optimizer").mkdir()
+    (ckpt / "trainer_state.pt").write_bytes(b"step 3")
+    (ckpt / "trainer_state.json").write_text("{}")
+    return ckpt, model
+
+
+def test_final_holds_what_inference_reads_in_the_save_dtype(tmp_path, tiny_model_dir):
+    """`final/` leaves out the auxiliary models, optimiser and trainer state; its weights are
+    bf16 (the header says so, the values are the fp32 masters rounded), config.json says
+    bfloat16, and the unchanged files are hard links into the checkpoint, not copies."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.device import DistInfo
+    from reasoner.training.final import publish_final
+
+    ckpt, model = _fake_checkpoint(tmp_path, tiny_model_dir, 50_000)
+    final = publish_final(tmp_path / "out", ckpt, torch.bfloat16, DistInfo())
+    assert final == tmp_path / "out" / "final" and not (tmp_path / "out" / ".final.tmp").exists()
+    names = {p.name for p in final.iterdir()}
+    assert not names & {"aux", "optimizer", "trainer_state.pt", "trainer_state.json"}
+    weights = sorted(final.glob("*.safetensors"))
+    assert len(weights) > 2 and {p.name for p in weights} == {p.name for p in ckpt.glob("*.safetensors")}
+    for f in weights:
+        with safe_open(f, "pt") as st:
+            assert {st.get_slice(k).get_dtype() for k in st.keys()} == {"BF16"}
+        assert f.stat().st_ino != (ckpt / f.name).stat().st_ino
+    assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
+    for name in ("tokenizer.json", "generation_config.json"):
+        assert (final / name).stat().st_ino == (ckpt / name).stat().st_ino  # linked
+    index = json.loads((final / "model.safetensors.index.json").read_text())
+    fp32_total = json.loads((ckpt / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+    assert index["metadata"]["total_size"] == fp32_total // 2
+    again = AutoModelForCausalLM.from_pretrained(final)
+    assert again.dtype == torch.bfloat16
+    for name, p in again.state_dict().items():
+        assert torch.equal(p, model.state_dict()[name].to(torch.bfloat16)), name
+
+
+def test_an_fp32_final_is_the_checkpoint_linked_and_republishing_replaces_it(tmp_path,
+                                                                           tiny_model_dir):
+    """fp32 (the CPU default): every file is a link to the checkpoint's (no bytes written), so
+    `final/` is byte-identical to it; publishing again replaces the folder whole."""
+    from reasoner.device import DistInfo
+    from reasoner.training.final import publish_final
+
+    ckpt, _ = _fake_checkpoint(tmp_path, tiny_model_dir, 10**9)
+    (tmp_path / "out" / "final").mkdir()
+    (tmp_path / "out" / "final" / "stale.bin").write_text("from an earlier run")
+    final = publish_final(tmp_path / "out", ckpt, torch.float32, DistInfo())
+    kept = sorted(p.name for p in ckpt.iterdir() if p.name not in
+                  {"aux", "optimizer", "trainer_state.pt", "trainer_state.json"})
+    assert sorted(p.name for p in final.iterdir()) == kept
+    assert all((final / n).stat().st_ino == (ckpt / n).stat().st_ino for n in kept)

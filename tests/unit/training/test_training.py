@@ -65,16 +65,26 @@ def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_pas
         return [3] if op == "max" and len(values) == 1 else list(values)
 
     monkeypatch.setattr(dev, "all_reduce", fake_all_reduce)
+    import torch.distributed as tdist
+
+    def fake_all_gather_object(out, mine):  # the other process saw one more mean, "kl"
+        out[0], out[1] = mine, (mine[0], [*mine[1], "kl"], mine[2], mine[3])
+
+    monkeypatch.setattr(tdist, "all_gather_object", fake_all_gather_object)
     calls = []
 
     def step(mb, scale):
         calls.append((mb, scale))
-        return training.MicroOut({"loss": 1.0}, {"m": 5.0 if mb == "real" else 99.0}, 0.5)
+        if mb == "dummy":  # a dummy pass reports nothing: its metrics never count
+            return training.MicroOut({})
+        return training.MicroOut({"loss": 1.0}, {"m": 5.0}, 0.5)
 
     m = training.accumulate(run, ["real"], step, dummy="dummy")
     assert calls == [("real", 1.0), ("dummy", 0.0), ("dummy", 0.0)]  # grads are summed
     assert reduced[0] == ([1], "max")  # the count is agreed on first
-    assert m["loss"] == 1.0 and m["m"] == 5.0
+    # every name any process saw is reduced, in one order: loss; then m, kl; then weights
+    assert reduced[1] == ([1.0, 0.0, 2.5, 0.0, 0.5], "sum")
+    assert m["loss"] == 1.0 and m["m"] == 5.0 and math.isnan(m["kl"])
 
 
 def make_run(tmp_path, max_skipped=2):
