@@ -66,7 +66,9 @@ def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model
     assert all(r["loss"] != 99.0 for r in rows)
 
 
-FP16 = ["model.dtype=float16", "run.log_every=1"]
+# final/ in fp32: by default an fp16 run publishes fp16 weights (run.save_dtype: the training
+# dtype), and these tests compare the fp32 master weights of runs
+FP16 = ["model.dtype=float16", "run.log_every=1", "run.save_dtype=float32"]
 # AdamW eps 1e-3 (as test_train_offline_cli's OREAL case): at 1e-8 it turns fp16 gradient
 # components that round to zero in one run and not the other (the vocab-parallel softmax sums
 # in another order than one process) into lr-sized steps: 1e-3 apart after 6 steps
