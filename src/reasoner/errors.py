@@ -32,6 +32,11 @@ class DependencyError(ReasonerError, ImportError):
     """An optional package the chosen setting needs is not installed (the message names the extra)."""
 
 
+class ServerError(ReasonerError, RuntimeError):
+    """A model server that cannot be used: unreachable, refusing the key, serving another model
+    or answering what is not the API (the message names the URL and what came back)."""
+
+
 class TrainingError(ReasonerError, RuntimeError):
     """Training cannot go on (non-finite loss, no usable samples); the message says what to do."""
 

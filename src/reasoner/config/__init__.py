@@ -5,7 +5,13 @@ import SFTConfig, load` is the import users and stages write.
 """
 
 from reasoner.config.files import ConfigError, Strict, dump, load, parse_overrides
-from reasoner.config.generation import JudgeConfig, RayConfig, SamplingConfig, VLLMConfig
+from reasoner.config.generation import (
+    JudgeConfig,
+    RayConfig,
+    SamplingConfig,
+    ServerConfig,
+    VLLMConfig,
+)
 from reasoner.config.objectives import (
     OBJECTIVE_MODELS,
     DAPOObjective,
@@ -44,6 +50,7 @@ __all__ = [
     "DecontamConfig", "DiscountedObjective", "EvalConfig", "FilterConfig", "InferConfig", "Input",
     "JudgeConfig", "ModelConfig", "ObjectiveConfig", "OfflineConfig", "OptimConfig",
     "OREALObjective", "PCLObjective", "ProRLObjective", "RayConfig", "RFTObjective", "RunConfig",
+    "ServerConfig",
     "SamplingConfig", "SFTConfig", "Strict", "SynthConfig", "TemplateConfig", "TinyConfig",
     "TinyModelConfig", "TrainerConfig", "VerifyConfig", "VLLMConfig", "dump", "load", "parse_overrides",
 ]

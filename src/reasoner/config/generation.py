@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from reasoner.config.files import Strict
 from reasoner.config.sections import Input, ModelConfig
@@ -42,6 +42,55 @@ class VLLMConfig(Strict):
     enforce_eager: bool = Field(False, description="disable CUDA graphs (faster start, slower decode)")
 
 
+class ServerConfig(Strict):
+    """A model served behind an OpenAI-compatible server (vLLM's, SGLang's, lmdeploy's), for
+    `backend: openai`. Prompts are rendered and tokenized here with the model's tokenizer
+    (`model.name_or_path`, read locally) and sent as token ids to the completions endpoint, so
+    the server sees exactly the prompt another backend would. Where and how fast, never which
+    samples: none of these keys is part of a folder's identity."""
+
+    base_url: str | None = Field(
+        None, description="the API's root, e.g. http://localhost:8000/v1 (required by backend "
+        "openai)")
+    api_key_env: str | None = Field(
+        None, description="environment variable holding the API key (sent as a Bearer token); "
+        "null: no key")
+    model: str | None = Field(
+        None, description="the served model's name (`/v1/models`); default: model.name_or_path")
+    concurrency: int = Field(16, ge=1, description="requests in flight at once")
+    timeout_s: float = Field(600.0, gt=0, description="limit per request")
+    retries: int = Field(
+        5, ge=0, description="attempts after the first, with exponential back-off (1 s, 2 s, 4 "
+        "s, ... at most 30 s), on connection errors, 429 and 5xx; never on other 4xx")
+    logprobs_mode: Literal["raw", "processed"] = Field(
+        "raw", description="what the server's log-probs are: processed = it runs `--logprobs-mode "
+        "processed_logprobs` (after temperature, top-k, top-p: the behaviour log-probs stored "
+        "π_old needs); raw (vLLM's default) = the model's, which sampling.logprobs refuses. A "
+        "client cannot see the server's mode: this says it")
+
+
+# where and how a server is reached: never part of a folder's identity (the served model's name
+# and its log-prob mode are: they decide the samples)
+SERVER_TRANSPORT = ("base_url", "api_key_env", "concurrency", "timeout_s", "retries")
+
+
+def check_backend(backend: str, server: ServerConfig, logprobs: bool, prefix: str = "") -> None:
+    """backend openai needs a server, and stored log-probs need the server to say they are the
+    behaviour policy's (raised as ValueError: pydantic's validators report it)."""
+    if backend != "openai":
+        return
+    if not server.base_url:
+        raise ValueError(f"{prefix}backend openai needs {prefix}server.base_url (the API's root, "
+                         "e.g. http://localhost:8000/v1)")
+    if logprobs and server.logprobs_mode != "processed":
+        raise ValueError(
+            "sampling.logprobs stores behaviour log-probs, but a server's are the model's raw "
+            "ones unless it runs vLLM's `--logprobs-mode processed_logprobs` (a client cannot "
+            f"see which): start it so and set {prefix}server.logprobs_mode=processed, or set "
+            "sampling.logprobs=false (train-offline then needs objective.old_logprobs: "
+            "recompute, which scores the samples with the starting model)")
+
+
 class RayConfig(Strict):
     """Generation on a Ray cluster: `workers` actors, each holding one engine (hf or vllm),
     fed chunks of requests; this process writes every result, so the shard is the same as
@@ -63,7 +112,8 @@ class JudgeConfig(Strict):
     """An LLM that compares a candidate's final answer with the reference (the recipe: Qwen3-32B)."""
 
     model: ModelConfig | None = Field(None, description="judge model; required by judge modes")
-    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
+    backend: Literal["auto", "hf", "vllm", "openai"] = Field(
+        "auto", description="generation backend (openai: a server, see `server`)")
     prompt_file: Path = Field(
         Path("configs/judge/prompt.txt"),
         description="template with {problem}, {reference}, {candidate}",
@@ -83,6 +133,13 @@ class JudgeConfig(Strict):
     max_model_len: int | None = Field(None, ge=2, description="judge context window (vLLM)")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+    server: ServerConfig = Field(default_factory=ServerConfig,
+                                 description="the server of backend openai")
+
+    @model_validator(mode="after")
+    def _server(self) -> JudgeConfig:
+        check_backend(self.backend, self.server, False, "judge.")
+        return self
 
     def inputs(self) -> list[Input]:
         """The judge model and its prompt (read only when a judge runs)."""

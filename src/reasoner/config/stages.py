@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from reasoner.config.files import Strict, dump
-from reasoner.config.generation import JudgeConfig, RayConfig, SamplingConfig, VLLMConfig
+from reasoner.config.generation import (
+    SERVER_TRANSPORT,
+    JudgeConfig,
+    RayConfig,
+    SamplingConfig,
+    ServerConfig,
+    VLLMConfig,
+    check_backend,
+)
 from reasoner.config.objectives import ObjectiveConfig, PCLObjective
 from reasoner.config.sections import (
     DataConfig,
@@ -159,20 +167,23 @@ class InferConfig(StageConfig):
 
     outside_identity: ClassVar[tuple[str, ...]] = (  # speed and which worker, never which samples
         "batch_size", "vllm", "ray", "progress", "shard", "num_shards", "overwrite",
-        "model.device")
+        "model.device", *(f"server.{k}" for k in SERVER_TRANSPORT))
 
     model: ModelConfig = Field(..., description="policy to sample from")
     data: DataConfig = Field(..., description="problems (fields: id, problem, answer; mappable)")
     output_dir: Path = Field(..., description="Sample shard folder")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="sampling")
-    backend: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="auto: vllm when installed and a GPU is present, else hf")
+    backend: Literal["auto", "hf", "vllm", "openai"] = Field(
+        "auto", description="auto: vllm when installed and a GPU is present, else hf; openai: "
+        "a model server (`server`)")
     batch_size: int = Field(64, ge=1, description="sequences per generate call (hf backend)")
     max_model_len: int | None = Field(
         None, ge=2, description="context window; default: the model's max_position_embeddings")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+    server: ServerConfig = Field(default_factory=ServerConfig,
+                                 description="the server of backend openai")
     overwrite: bool = Field(False, description="discard an output folder written with another config")
     progress: bool = Field(True, description="show a progress bar")
     shard: int = Field(0, ge=0, description="this worker's part of the problems (`--shard R`); "
@@ -184,6 +195,7 @@ class InferConfig(StageConfig):
     def _shard_in_range(self) -> InferConfig:
         if self.shard >= self.num_shards:
             raise ValueError(f"shard {self.shard} is not below num_shards {self.num_shards}")
+        check_backend(self.backend, self.server, self.sampling.logprobs)
         return self
 
     def inputs(self) -> list[Input]:
@@ -225,7 +237,7 @@ class VerifyConfig(StageConfig):
 
     outside_identity: ClassVar[tuple[str, ...]] = (
         "workers", "memory_mb", "progress", "overwrite", "judge.batch_size", "judge.vllm",
-        "judge.ray")
+        "judge.ray", *(f"judge.server.{k}" for k in SERVER_TRANSPORT))
 
     input_dir: Path = Field(..., description="Sample shard written by `reasoner infer`")
     output_dir: Path = Field(..., description="Verified shard folder")
@@ -267,7 +279,9 @@ class EvalConfig(StageConfig):
 
     outside_identity: ClassVar[tuple[str, ...]] = (
         "batch_size", "vllm", "ray", "workers", "progress", "tracking", "project", "run_name",
-        "overwrite", "model.device", "judge.batch_size", "judge.vllm", "judge.ray")
+        "overwrite", "model.device", "judge.batch_size", "judge.vllm", "judge.ray",
+        *(f"server.{k}" for k in SERVER_TRANSPORT),
+        *(f"judge.server.{k}" for k in SERVER_TRANSPORT))
 
     model: ModelConfig = Field(..., description="model to evaluate")
     benchmark: str = Field("bench", description="name shown in reports (aime24, gsm8k, ...)")
@@ -279,11 +293,14 @@ class EvalConfig(StageConfig):
         default_factory=lambda: SamplingConfig(n=32, max_tokens=32768),
         description="k = sampling.n samples per problem (the recipe: avg@32)",
     )
-    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="generation backend")
+    backend: Literal["auto", "hf", "vllm", "openai"] = Field(
+        "auto", description="generation backend (openai: a model server, `server`)")
     batch_size: int = Field(64, ge=1, description="sequences per generate call (hf)")
     max_model_len: int | None = Field(None, ge=2, description="context window")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
+    server: ServerConfig = Field(default_factory=ServerConfig,
+                                 description="the server of backend openai")
     mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
         "rule", description="verifier (see reasoner verify)")
     extraction: Literal["strict", "flexible"] = Field(
@@ -306,6 +323,11 @@ class EvalConfig(StageConfig):
     progress: bool = Field(True, description="show progress bars")
     overwrite: bool = Field(False, description="replace an eval folder made with another "
                             "config or from other inputs")
+
+    @model_validator(mode="after")
+    def _server(self) -> EvalConfig:
+        check_backend(self.backend, self.server, self.sampling.logprobs)
+        return self
 
     def inputs(self) -> list[Input]:
         found = [Input("model.name_or_path", self.model.name_or_path, "model folder")]

@@ -103,7 +103,7 @@ def _evaluate(cfg: EvalConfig, out: Path) -> dict:
         model=cfg.model, data=DataConfig(path=str(out / "problems")), output_dir=out / "samples",
         template=cfg.template, sampling=cfg.sampling, backend=cfg.backend,
         batch_size=cfg.batch_size, max_model_len=cfg.max_model_len, vllm=cfg.vllm, ray=cfg.ray,
-        progress=cfg.progress))
+        server=cfg.server, progress=cfg.progress))
     verified = verify.run(VerifyConfig(
         input_dir=samples, output_dir=out / "verified", mode=cfg.mode, template=cfg.template,
         extraction=cfg.extraction, workers=cfg.workers, timeout_s=cfg.timeout_s, judge=cfg.judge,

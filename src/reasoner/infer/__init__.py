@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from reasoner import outputs, shards
-from reasoner.config import InferConfig, ModelConfig, RayConfig, VLLMConfig
+from reasoner.config import InferConfig, ModelConfig, RayConfig, ServerConfig, VLLMConfig
+from reasoner.config.generation import SERVER_TRANSPORT
 from reasoner.data import sources
 from reasoner.data.template import render_prompt
 from reasoner.errors import DataError
@@ -27,10 +28,16 @@ from reasoner.runlog import progress_bar
 
 def make_generator(model: ModelConfig, backend: str, engine: VLLMConfig,
                    max_model_len: int | None = None, seed: int = 0, logprobs: bool = False,
-                   batch_size: int = 64, ray: RayConfig | None = None) -> Generator:
+                   batch_size: int = 64, ray: RayConfig | None = None,
+                   server: ServerConfig | None = None) -> Generator:
     """A generator for `model` on `backend` (auto resolved where the engine runs); infer, eval
     and the judge each build theirs from their own config. With `ray.workers`, the engines live
-    on Ray actors and this is the driver's handle to them."""
+    on Ray actors and this is the driver's handle to them; with backend openai, the model is
+    a server's (`server`)."""
+    if backend == "openai":
+        from reasoner.infer.server import ServerGenerator
+
+        return ServerGenerator(model, server or ServerConfig(), max_model_len, logprobs)
     if ray is not None and ray.workers > 0:
         from reasoner.infer.raygen import RayGenerator
 
@@ -56,8 +63,12 @@ ENGINE_SETTINGS = ("batch_size", "vllm", "ray", "progress", "shard", "num_shards
 
 
 def without_engine_settings(config: dict) -> dict:
-    """A dumped infer / judge config without its ENGINE_SETTINGS: what decides the results."""
-    return {k: v for k, v in config.items() if k not in ENGINE_SETTINGS}
+    """A dumped infer / judge config without its ENGINE_SETTINGS (and how its server is
+    reached): what decides the results."""
+    kept = {k: v for k, v in config.items() if k not in ENGINE_SETTINGS}
+    if isinstance(kept.get("server"), dict):
+        kept["server"] = {k: v for k, v in kept["server"].items() if k not in SERVER_TRANSPORT}
+    return kept
 
 
 def run(cfg: InferConfig) -> Path:
@@ -82,7 +93,8 @@ def run(cfg: InferConfig) -> Path:
         started = time.perf_counter()
         if todo:
             gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
-                                 cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size, cfg.ray)
+                                 cfg.sampling.seed, cfg.sampling.logprobs, cfg.batch_size, cfg.ray,
+                                 cfg.server)
             stats["load_seconds"] = time.perf_counter() - started  # model load / engine start
             started = time.perf_counter()
             try:

@@ -233,7 +233,7 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
                                        mfu, layout, tp, pp, extra, tflops,
                                        scores=st.command == "train-offline"))
             plans[-1].command = st.command
-        elif st.command in ("infer", "eval"):
+        elif st.command in ("infer", "eval") and cfg.backend != "openai":  # a server's: not here
             src = cfg.model.name_or_path
             src = src if Path(src).exists() or src in KNOWN else start
             plans.append(plan_generation(st.name, src, shape_of(src), cfg.model.dtype,
@@ -241,7 +241,7 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
                                          cfg.vllm.gpu_memory_utilization,
                                          cfg.max_model_len or 32768, devices, mem_gib))
             plans[-1].command = st.command
-        elif st.command == "verify" and cfg.mode != "rule":
+        elif st.command == "verify" and cfg.mode != "rule" and cfg.judge.backend != "openai":
             j = cfg.judge
             plans.append(plan_generation(st.name, j.model.name_or_path,
                                          shape_of(j.model.name_or_path), j.model.dtype,

@@ -136,8 +136,12 @@ def uses_accelerator(stage: StageRun) -> bool:
 
     cfg = stage.config
     if stage.command == "verify" and cfg.mode != "rule" and cfg.judge.model is not None:
+        if cfg.judge.backend == "openai":  # the judge is a server's
+            return False
         wanted = cfg.judge.model.device
     elif stage.command in MODEL_STAGES:
+        if stage.command in ("infer", "eval") and cfg.backend == "openai":
+            return False
         wanted = cfg.model.device
     else:
         return False

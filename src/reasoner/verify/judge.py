@@ -78,7 +78,7 @@ class Judge:
         self.cfg = cfg
         self.template = load_prompt(cfg.prompt_file)
         self.gen = make_generator(cfg.model, cfg.backend, cfg.vllm, cfg.max_model_len,
-                                  batch_size=cfg.batch_size, ray=cfg.ray)
+                                  batch_size=cfg.batch_size, ray=cfg.ray, server=cfg.server)
         self.tokenizer = self.gen.tokenizer
 
     def _sampling(self, attempt: int) -> SamplingConfig:

@@ -158,3 +158,18 @@ def test_on_a_gpu_every_stage_that_loads_a_model_runs_in_its_own_process(monkeyp
                         subprocess.CompletedProcess(cmd, 0))
     pipeline._execute(stages["rl"], tmp_path / "rl.yaml")
     assert calls and calls[0][-2:] == ["train-offline", str(tmp_path / "rl.yaml")]
+
+
+def test_a_stage_served_by_a_server_stays_here_and_is_not_planned(monkeypatch):
+    """backend openai: the model is a server's. On a (fake) GPU the stage runs in this process
+    (it loads no model) and `reasoner plan` gives it no row."""
+    from reasoner import device as dev
+    from reasoner.pipeline import plan
+
+    base = Path(__file__).parents[3] / "configs" / "gsm8k_1gpu"
+    served = ["samples.backend=openai", "samples.server.base_url=http://judge:8000/v1"]
+    stages = {s.name: s for s in pipeline.resolve(load_recipe(base / "recipe.yaml", served), base)}
+    monkeypatch.setattr(dev, "local_devices", lambda: ("gpu", 1, 24.0))
+    assert not pipeline.own_process(stages["samples"]) and pipeline.own_process(stages["rl"])
+    names = [p.name for p in plan.plan_recipe(base / "recipe.yaml", 1, 24.0, overrides=served)]
+    assert "samples" not in names and "rl" in names
