@@ -175,21 +175,6 @@ def _replicate_kv(x: Tensor, size: int) -> Tensor:
     return x.repeat_interleave(size // K, dim=1)
 
 
-_LAST_MASK: list = [None]  # (cu, T, mask) of the micro-batch in progress
-
-
-def _row_mask(cu: Tensor, T: int, device: torch.device) -> Tensor:
-    """The row's block mask, built once per micro-batch: every layer is handed the same `cu`
-    tensor (split computes it once), and a mask per layer would be kept for backward by each
-    (4 layers x T^2 bytes where one process without sequence parallelism holds one)."""
-    held = _LAST_MASK[0]
-    if held is not None and held[0] is cu and held[1] == T and held[2].device == device:
-        return held[2]
-    mask = _block_mask(cu, T, device)
-    _LAST_MASK[0] = (cu, T, mask)
-    return mask
-
-
 def _block_mask(cu: Tensor, T: int, device: torch.device) -> Tensor:
     """(1, 1, T, T) bool: causal within each sequence of the row, nothing across them."""
     seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device),
@@ -232,7 +217,7 @@ def ulysses_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
         out, _ = ALL_ATTENTION_FUNCTIONS[inner](shim, q, k, v, None, dropout=dropout,
                                                 scaling=scaling, **boundaries)
     else:
-        mask = _row_mask(cu, q.shape[2], q.device)
+        mask = _block_mask(cu, q.shape[2], q.device)
         if inner == "sdpa":
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -53,24 +53,6 @@ def test_a_row_is_padded_to_a_multiple_of_the_group_and_cut_in_contiguous_slices
     assert first.keep.tolist() == [True, True, True, False, True, True, False, False]
 
 
-def test_the_rows_mask_is_built_once_per_micro_batch_not_once_per_layer():
-    """Under sdpa / eager every layer is handed the micro-batch's one `cu` tensor: they share
-    one (T x T) mask, which each would otherwise keep for its backward (measured with
-    scripts/bench_sequence_parallel.py); a new micro-batch gets its own."""
-    from reasoner.models.sequence_parallel import _row_mask
-
-    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
-    first = _row_mask(cu, 5, torch.device("cpu"))
-    assert _row_mask(cu, 5, torch.device("cpu")) is first
-    assert first[0, 0].tolist() == [[True, False, False, False, False],
-                                    [True, True, False, False, False],
-                                    [True, True, True, False, False],
-                                    [False, False, False, True, False],
-                                    [False, False, False, True, True]]
-    other = torch.tensor([0, 5], dtype=torch.int32)
-    assert _row_mask(other, 5, torch.device("cpu"))[0, 0, 4].all()
-
-
 @pytest.mark.slow
 def test_two_processes_compute_what_one_does_in_fp64(tmp_path):
     """A packed row whose samples straddle the slice boundary: token log-probs equal to one
