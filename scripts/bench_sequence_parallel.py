@@ -13,6 +13,8 @@ few tokens per row (256): the peak there is everything but the activations, so t
 it is the activation part.
 
     python scripts/bench_sequence_parallel.py              # writes runs/bench_sp/report.json
+    (12,288-token rows: at 16,384 the data-parallel arm needs ~12 GiB per process, and two of
+    them do not fit a 24 GiB host)
     python scripts/bench_sequence_parallel.py --seq-len 4096 --layers 2   # a quick look
 
 Targets (issue 38): peak per process with sequence parallelism <= 0.65 x data parallel, its
@@ -35,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=16384)
+    parser.add_argument("--seq-len", type=int, default=12288)  # 16,384 does not fit 24 GiB
     parser.add_argument("--sequence-parallel", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=1024, help="run.logprob_chunk")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_sp")
