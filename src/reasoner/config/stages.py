@@ -11,16 +11,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from reasoner.config import generation as gen
 from reasoner.config.files import Strict, dump
-from reasoner.config.generation import (
-    SERVER_TRANSPORT,
-    JudgeConfig,
-    RayConfig,
-    SamplingConfig,
-    ServerConfig,
-    VLLMConfig,
-    check_backend,
-)
+from reasoner.config.generation import JudgeConfig, RayConfig, SamplingConfig, VLLMConfig
 from reasoner.config.objectives import ObjectiveConfig, PCLObjective
 from reasoner.config.sections import (
     DataConfig,
@@ -167,7 +160,7 @@ class InferConfig(StageConfig):
 
     outside_identity: ClassVar[tuple[str, ...]] = (  # speed and which worker, never which samples
         "batch_size", "vllm", "ray", "progress", "shard", "num_shards", "overwrite",
-        "model.device", *(f"server.{k}" for k in SERVER_TRANSPORT))
+        "model.device", *(f"server.{k}" for k in gen.SERVER_TRANSPORT))
 
     model: ModelConfig = Field(..., description="policy to sample from")
     data: DataConfig = Field(..., description="problems (fields: id, problem, answer; mappable)")
@@ -182,8 +175,7 @@ class InferConfig(StageConfig):
         None, ge=2, description="context window; default: the model's max_position_embeddings")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
-    server: ServerConfig = Field(default_factory=ServerConfig,
-                                 description="the server of backend openai")
+    server: gen.ServerConfig = Field(default_factory=gen.ServerConfig, description="backend openai's")
     overwrite: bool = Field(False, description="discard an output folder written with another config")
     progress: bool = Field(True, description="show a progress bar")
     shard: int = Field(0, ge=0, description="this worker's part of the problems (`--shard R`); "
@@ -195,7 +187,7 @@ class InferConfig(StageConfig):
     def _shard_in_range(self) -> InferConfig:
         if self.shard >= self.num_shards:
             raise ValueError(f"shard {self.shard} is not below num_shards {self.num_shards}")
-        check_backend(self.backend, self.server, self.sampling.logprobs)
+        gen.check_backend(self.backend, self.server, self.sampling.logprobs)
         return self
 
     def inputs(self) -> list[Input]:
@@ -237,7 +229,7 @@ class VerifyConfig(StageConfig):
 
     outside_identity: ClassVar[tuple[str, ...]] = (
         "workers", "memory_mb", "progress", "overwrite", "judge.batch_size", "judge.vllm",
-        "judge.ray", *(f"judge.server.{k}" for k in SERVER_TRANSPORT))
+        "judge.ray", *(f"judge.server.{k}" for k in gen.SERVER_TRANSPORT))
 
     input_dir: Path = Field(..., description="Sample shard written by `reasoner infer`")
     output_dir: Path = Field(..., description="Verified shard folder")
@@ -280,8 +272,7 @@ class EvalConfig(StageConfig):
     outside_identity: ClassVar[tuple[str, ...]] = (
         "batch_size", "vllm", "ray", "workers", "progress", "tracking", "project", "run_name",
         "overwrite", "model.device", "judge.batch_size", "judge.vllm", "judge.ray",
-        *(f"server.{k}" for k in SERVER_TRANSPORT),
-        *(f"judge.server.{k}" for k in SERVER_TRANSPORT))
+        *(f"{w}server.{k}" for w in ("", "judge.") for k in gen.SERVER_TRANSPORT))
 
     model: ModelConfig = Field(..., description="model to evaluate")
     benchmark: str = Field("bench", description="name shown in reports (aime24, gsm8k, ...)")
@@ -299,8 +290,7 @@ class EvalConfig(StageConfig):
     max_model_len: int | None = Field(None, ge=2, description="context window")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
-    server: ServerConfig = Field(default_factory=ServerConfig,
-                                 description="the server of backend openai")
+    server: gen.ServerConfig = Field(default_factory=gen.ServerConfig, description="backend openai's")
     mode: Literal["rule", "judge", "rule_then_judge", "both"] = Field(
         "rule", description="verifier (see reasoner verify)")
     extraction: Literal["strict", "flexible"] = Field(
@@ -326,7 +316,7 @@ class EvalConfig(StageConfig):
 
     @model_validator(mode="after")
     def _server(self) -> EvalConfig:
-        check_backend(self.backend, self.server, self.sampling.logprobs)
+        gen.check_backend(self.backend, self.server, self.sampling.logprobs)
         return self
 
     def inputs(self) -> list[Input]:
