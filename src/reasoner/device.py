@@ -222,19 +222,17 @@ def _mark_seen(folder: Path, dist: DistInfo, device: torch.device, patience_s: f
     many processes did not see it, and rank 0's error when it could not write it (else None)."""
     import secrets
 
-    mark = Path(folder) / f".same-folder-check-{os.getpid() if dist.is_main else 0}"
     token, failed = (secrets.randbits(24) if dist.is_main else 0), ""
-    if dist.is_main:
+    if dist.is_main:  # the name carries the token: two runs checking one folder never collide
         try:
-            mark.parent.mkdir(parents=True, exist_ok=True)
-            mark.write_text(str(token))
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / f".same-folder-check-{token}").write_text(str(token))
         except OSError as e:
             token, failed = -1, str(e)
-    token, pid = (int(v) for v in all_reduce([token, os.getpid() if dist.is_main else 0], dist,
-                                             device))  # exact: both fit fp32 (HCCL's)
+    token = int(all_reduce([token], dist, device)[0])  # exact: 24 bits fit fp32 (HCCL's)
     if token < 0:
         return dist.world_size, failed
-    mark = Path(folder) / f".same-folder-check-{pid}"
+    mark = Path(folder) / f".same-folder-check-{token}"
     missing = all_reduce([float(not read_mark(mark, token, patience_s))], dist, device)
     if dist.is_main:
         mark.unlink(missing_ok=True)

@@ -30,7 +30,6 @@ from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
 from reasoner.models import attention
-from reasoner.models.attention import plan_attention
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import vocab_split
 from reasoner.records import SFTExample
@@ -178,7 +177,7 @@ def run(cfg: SFTConfig) -> Path:
     env = training.setup(cfg.model, cfg.run, out)
     device, dist, dtype = env.device, env.dist, env.dtype
     with outputs.writing(out, identity, action, dist):
-        attn = plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing,
+        attn = attention.plan_attention(cfg.model.attn_implementation, device, dtype, cfg.packing,
                               SequenceGroup.of(dist), cfg.run.micro_batch, cfg.row_tokens)
         attention.warn(attn, dist.is_main)
         tokenizer = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)

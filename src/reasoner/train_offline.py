@@ -31,7 +31,6 @@ from reasoner.config import ObjectiveConfig, OfflineConfig
 from reasoner.data import packing
 from reasoner.device import Env
 from reasoner.models import attention
-from reasoner.models.attention import plan_attention
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit, vocab_split
 from reasoner.rl import behaviour, objectives, reference, token_rm
@@ -135,7 +134,7 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
     reference log-probs, cached in the output folder), and load what training continues from.
     With several processes every model here is sharded as it loads."""
     obj, out = cfg.objective, Path(cfg.output_dir)
-    attn = plan_attention(cfg.model.attn_implementation, env.device, env.dtype, cfg.packing,
+    attn = attention.plan_attention(cfg.model.attn_implementation, env.device, env.dtype, cfg.packing,
                           SequenceGroup.of(env.dist), cfg.run.micro_batch, cfg.row_tokens)
     attention.warn(attn, env.dist.is_main)
     vocab = vocab_split(cfg, env, obj.resident_bytes_per_param)

@@ -66,7 +66,6 @@ class ServerGenerator(Streaming):
         self.context_window = max_model_len or self._served_window()
         self.preferred_batch = 4 * server.concurrency
         self.stop_ids = stop_token_ids(self.tokenizer)
-        self.engine = ""
 
     def _served_window(self) -> int:
         """The served model's context window from `/models` (vLLM says `max_model_len`), after

@@ -120,8 +120,10 @@ def divergence(data: Rollouts) -> list[int]:
     out = [0] * len(rewards)
     for group in members.values():
         wrong = [i for i in group if rewards[i] <= 0]
-        correct = [_response(data, j) for j in group if rewards[j] > 0] if wrong else []
-        for i in wrong if correct else ():
+        if not wrong or len(wrong) == len(group):  # nothing to compare with
+            continue
+        correct = [_response(data, j) for j in group if rewards[j] > 0]
+        for i in wrong:
             r = _response(data, i)
             out[i] = max(_shared_prefix(r, q) for q in correct)
     return out

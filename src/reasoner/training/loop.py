@@ -338,7 +338,8 @@ def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = di
     ckpt = _save(state, state.total_steps, extra_state)
     state.metrics.summary(counts)
     state.metrics.close()
-    final = publish_final(state.out, ckpt, final_dtype(state), state.dist)
+    dtype = final_dtype(state)
+    final = publish_final(state.out, ckpt, dtype, state.dist)
     if state.dist.is_main:
         if trained_with:
             shards.atomic_write_text(final / "reasoner.json", json.dumps(
@@ -349,6 +350,6 @@ def finish(state: TrainState, counts: dict, extra_state: Callable[[], dict] = di
             "sequence_parallel": state.dist.sp_size,
             "vocab_layout": state.policy.vocab_layout, **counts,
             "seconds": round(state.timer.elapsed(), 2), "final_model": str(final),
-            "final_dtype": str(final_dtype(state)).removeprefix("torch.")})
+            "final_dtype": str(dtype).removeprefix("torch.")})
     dev.barrier(state.dist)
     return state.out / "final"

@@ -36,12 +36,17 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_only_the_first_process_of_a_node_builds(tmp_path):
-    built = []
-
+def recording(built: list):
+    """A cache builder that records each path it builds."""
     def build(path):
         built.append(path)
         token_cache.write(path, [("a", "b")], fake_tokenize)
+    return build
+
+
+def test_only_the_first_process_of_a_node_builds(tmp_path):
+    built = []
+    build = recording(built)
 
     other = dev.DistInfo(rank=1, world_size=1, local_rank=1)
     assert token_cache.build_once(tmp_path / "x.arrow", build, other) is False and not built
@@ -57,10 +62,7 @@ def test_one_process_of_the_job_builds_a_shared_cache_one_per_node_a_local_one(t
     to the same file); on node-local disks each node's first process builds its copy."""
     monkeypatch.setattr(dev, "barrier", lambda dist: None)
     built = []
-
-    def build(path):
-        built.append(path)
-        token_cache.write(path, [("a", "b")], fake_tokenize)
+    build = recording(built)
 
     second_node = dev.DistInfo(rank=2, world_size=4, local_rank=0)
     assert token_cache.build_once(tmp_path / "x.arrow", build, second_node) is False and not built
