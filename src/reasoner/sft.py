@@ -29,7 +29,7 @@ from reasoner.config import SFTConfig
 from reasoner.data import packing, sources, token_cache
 from reasoner.data.template import render_sft
 from reasoner.errors import TrainingError
-from reasoner.models import attention
+from reasoner.models import attention, lora
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import vocab_split
 from reasoner.records import SFTExample
@@ -190,9 +190,11 @@ def run(cfg: SFTConfig) -> Path:
         rows = plan_rows(data, cfg)
         lengths = [sum(data.length(i) for i in row) for row in rows]
         ckpt = training.resume_point(out, cfg.run, identity.digest)
-        loaded = training.load_policy(cfg.model, ckpt or cfg.model.name_or_path, env,
-                                      cfg.run.logprob_chunk, attn=attn.implementation,
-                                      vocab=vocab_split(cfg, env))
+        source = ckpt or cfg.model.name_or_path
+        loaded = training.load_policy(cfg.model, source, env, cfg.run.logprob_chunk,
+                                      attn=attn.implementation, vocab=vocab_split(cfg, env),
+                                      adapters=lora.Adapters.of(cfg.model.lora, source,
+                                                                cfg.run.seed))
         state = training.start(cfg, env, tokenizer, loaded,
                                schedule.total_steps(len(rows), cfg.run), ckpt, identity.digest)
         pad = tokenizer.pad_token_id

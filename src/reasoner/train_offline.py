@@ -30,7 +30,7 @@ from reasoner import models, outputs, training
 from reasoner.config import ObjectiveConfig, OfflineConfig
 from reasoner.data import packing
 from reasoner.device import Env
-from reasoner.models import attention
+from reasoner.models import attention, lora
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit, vocab_split
 from reasoner.rl import behaviour, objectives, reference, token_rm
@@ -139,9 +139,13 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
     attention.warn(attn, env.dist.is_main)
     vocab = vocab_split(cfg, env, obj.resident_bytes_per_param)
 
-    def load(source: str | Path) -> training.Loaded:
+    sets = (lora.TRAINED, lora.REFERENCE) if obj.resident_reference else (lora.TRAINED,)
+
+    def load(source: str | Path, adapters: bool = True) -> training.Loaded:
         return training.load_policy(cfg.model, source, env, cfg.run.logprob_chunk,
-                                    obj.logprob_temperature, attn.implementation, vocab)
+                                    obj.logprob_temperature, attn.implementation, vocab,
+                                    lora.Adapters.of(cfg.model.lora if adapters else None,
+                                                     source, cfg.run.seed, sets))
 
     batching = Batching.of(cfg, pad, attn.varlen)
     starting = load(cfg.model.name_or_path)
@@ -157,21 +161,24 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
                                                starting.policy, data, batching, env)
     ref_lp = start_lp
     if obj.needs_reference and cfg.reference is not None:  # a fixed anchor, not the start
-        anchor = load(cfg.reference).policy.eval()
+        anchor = load(cfg.reference, adapters=False).policy.eval()
         ref_lp = reference.starting_logprobs(out / "anchor_logprobs",
                                              f"{cfg.input_dir} scored by {cfg.reference}", anchor,
                                              data, batching, env)
         del anchor
+    shared = cfg.model.lora is not None  # LoRA: a moving reference is a second adapter set
     if ckpt is not None:
         trained = load(ckpt)
-    elif obj.resident_reference:  # a second copy, loaded (and sharded) like the first
+    elif obj.resident_reference and not shared:  # a second copy, loaded (and sharded) alike
         trained = load(cfg.model.name_or_path)
     else:
         trained = starting
+    resident = None
+    if obj.resident_reference:
+        resident = lora.AdapterView(trained.policy) if shared else starting.policy
     inputs = Inputs(objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
                     start_lp if recompute else data.old_logp, ref_lp, said, gap)
-    return Ready(trained, inputs, batching, starting.policy if obj.resident_reference else None,
-                 attn.implementation, vocab)
+    return Ready(trained, inputs, batching, resident, attn.implementation, vocab)
 
 
 def _flat(values: Sequence[list[float]] | None, index: list[int], device: torch.device

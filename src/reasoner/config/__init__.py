@@ -26,11 +26,13 @@ from reasoner.config.sections import (
     TEMPLATE_PRESETS,
     DataConfig,
     Input,
+    LoraSettings,
     ModelConfig,
     OptimConfig,
     RunConfig,
     TemplateConfig,
     TinyModelConfig,
+    TrainedModelConfig,
 )
 from reasoner.config.stages import (
     DecontamConfig,
@@ -48,9 +50,9 @@ from reasoner.config.stages import (
 __all__ = [
     "OBJECTIVE_MODELS", "TEMPLATE_PRESETS", "ConfigError", "DAPOObjective", "DataConfig",
     "DecontamConfig", "DiscountedObjective", "EvalConfig", "FilterConfig", "InferConfig", "Input",
-    "JudgeConfig", "ModelConfig", "ObjectiveConfig", "OfflineConfig", "OptimConfig",
+    "JudgeConfig", "LoraSettings", "ModelConfig", "ObjectiveConfig", "OfflineConfig", "OptimConfig",
     "OREALObjective", "PCLObjective", "ProRLObjective", "RayConfig", "RFTObjective", "RunConfig",
     "ServerConfig",
     "SamplingConfig", "SFTConfig", "Strict", "SynthConfig", "TemplateConfig", "TinyConfig",
-    "TinyModelConfig", "TrainerConfig", "VerifyConfig", "VLLMConfig", "dump", "load", "parse_overrides",
+    "TinyModelConfig", "TrainedModelConfig", "TrainerConfig", "VerifyConfig", "VLLMConfig", "dump", "load", "parse_overrides",
 ]

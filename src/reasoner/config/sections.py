@@ -93,6 +93,27 @@ class ModelConfig(Strict):
         None, description="transformers attention backend (sdpa, flash_attention_2, eager)")
 
 
+class LoraSettings(Strict):
+    """LoRA adapters trained instead of the whole model (through PEFT): the base frozen in the
+    training dtype, only the adapters in the optimiser; `final/` is the merged model."""
+
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: float = Field(32.0, gt=0, description="scaling numerator: the update is alpha / r * B A")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                 "down_proj"],
+        min_length=1, description="names of the linear layers to adapt (the last component, "
+        "e.g. q_proj); checked against the model at start")
+
+
+class TrainedModelConfig(ModelConfig):
+    """The model a trainer loads: a ModelConfig, optionally trained as LoRA adapters."""
+
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters (null: the whole "
+                                      "model)")
+
+
 class DataConfig(Strict):
     """Where rows come from: a shard folder, a .jsonl / .json / .parquet file, or an HF dataset id."""
 

@@ -23,6 +23,7 @@ from reasoner.config.sections import (
     RunConfig,
     TemplateConfig,
     TinyModelConfig,
+    TrainedModelConfig,
 )
 from reasoner.outputs import without
 
@@ -136,7 +137,7 @@ class SFTConfig(TrainerConfig):
 
     outside_identity: ClassVar[tuple[str, ...]] = (*TRAINING_SETTINGS, "cache_dir")
 
-    model: ModelConfig = Field(..., description="base model to fine-tune")
+    model: TrainedModelConfig = Field(..., description="base model to fine-tune")
     data: DataConfig = Field(..., description="SFT examples (prompt/response or messages)")
     output_dir: Path = Field(..., description="checkpoints, metrics and the final model go here")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="prompt rendering")
@@ -331,7 +332,7 @@ class OfflineConfig(TrainerConfig):
 
     outside_identity: ClassVar[tuple[str, ...]] = TRAINING_SETTINGS
 
-    model: ModelConfig = Field(..., description="policy to train (usually the SFT model)")
+    model: TrainedModelConfig = Field(..., description="policy to train (usually the SFT model)")
     input_dir: Path = Field(..., description="Verified shard from `reasoner verify`")
     output_dir: Path = Field(..., description="checkpoints, metrics and the final model")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tag names")

@@ -15,7 +15,7 @@ import torch
 
 from reasoner.config import ModelConfig
 from reasoner.errors import InputError
-from reasoner.models import vocab_parallel
+from reasoner.models import lora, vocab_parallel
 from reasoner.models.vocab_layout import VocabSplit, vocab_layout
 
 
@@ -49,6 +49,21 @@ class SafetensorsSlices:
         return sl[start:stop] if len(sl.get_shape()) else sl[:]
 
 
+class _WithAdapters:
+    """A checkpoint's tensors plus whole adapter tensors held in memory, read alike."""
+
+    def __init__(self, reader: SafetensorsSlices, tensors: dict[str, torch.Tensor]):
+        self.reader, self.tensors = reader, tensors
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors or name in self.reader
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if name in self.tensors:
+            return self.tensors[name][start:stop]
+        return self.reader.rows(name, start, stop)
+
+
 def model_folder(name_or_path: str) -> Path:
     """A local folder of the model: the path itself, or the hub cache (downloaded once)."""
     path = Path(name_or_path)
@@ -61,7 +76,7 @@ def model_folder(name_or_path: str) -> Path:
 
 def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dist: Any,
                  wrap: Any, skip: tuple[str, ...] = (), dtype: torch.dtype = torch.float32,
-                 vocab: VocabSplit | None = None) -> Any:
+                 vocab: VocabSplit | None = None, adapters: lora.Adapters | None = None) -> Any:
     """`wrap(model)` FSDP2-sharded over the processes, each holding only its own shard.
 
     The model is built with its parameters on the meta device (buffers, such as the rotary
@@ -70,7 +85,9 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
     safetensors files by rows, as fp32 master weights (`dtype`, the compute dtype, sets the
     mixed-precision policy: see `shard_modules`; `vocab`: how the embedding and lm-head are
     split). Parameter names starting with one of `skip` are not in the checkpoint (a head
-    the caller initialises).
+    the caller initialises). `adapters`: LoRA layers injected on the meta device before
+    sharding, the frozen base held in `dtype`, each adapter shard copied from its whole
+    starting value (`lora.Adapters.values`) like a weight from the file.
     """
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -82,6 +99,11 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
             config, dtype=torch.float32, trust_remote_code=cfg.trust_remote_code,
             attn_implementation=cfg.attn_implementation or "sdpa")
     model.tie_weights()  # lm_head shares the embedding's parameter when the config ties them
+    reader: Any = SafetensorsSlices(folder)
+    if adapters is not None:
+        lora.inject(model, adapters.settings, adapters.sets, meta=True, base_dtype=dtype)
+        reader = _WithAdapters(reader, adapters.values(
+            {n: p.shape for n, p in lora.adapter_names(model)}))
     wrapped = wrap(model)
     wrapped.vocab_layout = shard_modules(wrapped, model, dtype, vocab)  # reported at the end
     buffers = {n: b.detach().clone() for n, b in wrapped.named_buffers()}
@@ -89,7 +111,7 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
     with torch.no_grad():
         for n, b in wrapped.named_buffers():
             b.copy_(buffers[n])
-        fill_shards(wrapped, SafetensorsSlices(folder), dist, skip)
+        fill_shards(wrapped, reader, dist, skip)
     model.generation_config = _generation_config_of(folder, model)
     return wrapped
 
@@ -176,12 +198,13 @@ def fill_shards(wrapped: torch.nn.Module, reader: SafetensorsSlices, dist: Any,
     """Copy each parameter's local shard (FSDP2 shards dim 0 like torch.chunk) from `reader`.
 
     The names are the wrapped module's; the checkpoint's are found by dropping leading
-    wrapper prefixes (`model.` of PolicyLogprobs) until one is in the file."""
+    wrapper prefixes (`model.` of PolicyLogprobs) until one is in the file, a LoRA layer's
+    `base_layer` read under the plain layer's name."""
     missing = []
     for name, p in wrapped.named_parameters():
         if name.startswith(skip):
             continue
-        key = name
+        key = name if lora.is_adapter(name) else lora.base_name(name)
         while key not in reader and "." in key:
             key = key.split(".", 1)[1]
         if key not in reader:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
+from reasoner.models import lora
 from reasoner.rl.reference import Plateau
 from reasoner.rl.token_rm import TokenRM
 from reasoner.training import checkpoints
@@ -19,7 +20,7 @@ from reasoner.training import checkpoints
 @dataclass(frozen=True)
 class Auxiliary:
     token_rm: TokenRM | None = None
-    reference: nn.Module | None = None  # resident only when it moves
+    reference: nn.Module | None = None  # resident only when it moves (LoRA: an AdapterView)
     plateau: Plateau | None = None
 
     def models(self) -> tuple[dict[str, nn.Module], dict[str, tuple]]:
@@ -29,8 +30,8 @@ class Auxiliary:
         if self.token_rm is not None:
             models["token_rm"] = self.token_rm.model
             optimizers["token_rm_optim"] = (self.token_rm.model, self.token_rm.optimizer)
-        if self.reference is not None:
-            models["reference"] = self.reference
+        if self.reference is not None and not isinstance(self.reference, lora.AdapterView):
+            models["reference"] = self.reference  # (a LoRA reference is saved as adapters)
         return models, optimizers
 
     def shards(self) -> dict | None:

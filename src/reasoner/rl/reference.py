@@ -24,6 +24,7 @@ from reasoner.config import ObjectiveConfig
 from reasoner.data import token_cache
 from reasoner.device import Env
 from reasoner.errors import TrainingError
+from reasoner.models import lora
 from reasoner.rl.rollouts import Batching, Rollouts
 
 
@@ -193,10 +194,7 @@ def average_into(ref: nn.Module, policy: nn.Module, alpha: float) -> None:
     embed_tokens) under both names, and updating it twice would apply alpha twice. Reference
     and policy are sharded alike, so each process updates its own shards (no gather).
     """
-    _resharded(ref, policy)
-    for (name, p), (other, q) in zip(ref.named_parameters(), policy.named_parameters(),
-                                     strict=True):
-        assert name == other, (name, other)
+    for p, q in _pairs(ref, policy):
         p.mul_(1 - alpha).add_(q.detach(), alpha=alpha)
 
 
@@ -205,12 +203,24 @@ def reset(policy: nn.Module, ref: nn.Module | None, optimizer: torch.optim.Optim
     """ProRL's hard reset: reference <- current policy, optimiser state cleared. Parameter by
     parameter: sharded alike, each process copies its own shards."""
     if ref is not None:
-        _resharded(ref, policy)
-        for (name, r), (other, q) in zip(ref.named_parameters(), policy.named_parameters(),
-                                         strict=True):
-            assert name == other, (name, other)
+        for r, q in _pairs(ref, policy):
             r.copy_(q)
     optimizer.state.clear()
+
+
+def _pairs(ref: nn.Module, policy: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """(reference parameter, policy parameter) pairs, shard with shard: every parameter of a
+    second model, or a LoRA reference's adapter set against the trained set (the base is
+    shared; the average is of the adapter factors A and B, each on its own)."""
+    _resharded(ref, policy)
+    if isinstance(ref, lora.AdapterView):
+        return ref.pairs()
+    pairs = []
+    for (name, p), (other, q) in zip(ref.named_parameters(), policy.named_parameters(),
+                                     strict=True):
+        assert name == other, (name, other)
+        pairs.append((p, q))
+    return pairs
 
 
 def _resharded(*modules: nn.Module) -> None:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from reasoner.device import DistInfo, barrier
+from reasoner.models import lora
 
 CKPT_PREFIX = "checkpoint-"
 AUX = "aux"  # the auxiliary models' shards (torch.distributed.checkpoint)
@@ -98,7 +99,14 @@ def save_checkpoint(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Mo
     if dist.is_main:
         tmp = Path(out_dir) / f".{CKPT_PREFIX}{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_hf(tmp, hf_model, tokenizer, _untied(hf_model, model_sd))
+        weights = _untied(hf_model, model_sd)
+        config = lora.config_of(hf_model)
+        if config is not None:  # the merged model, and the adapters apart
+            lora.save_sets(tmp, {n: t for n, t in weights.items() if lora.is_adapter(n)}, config)
+        scale = config.lora_alpha / config.r if config is not None else 1.0
+        save_hf(tmp, hf_model, tokenizer, {
+            key: lora.combine([weights[n] for n in sources], scale)
+            for key, sources in lora.weight_sources(list(weights))})
         if aux:
             _save_aux(tmp, aux)
         _finish_checkpoint(tmp, final, Path(out_dir), optim_sd, scheduler, step, state, keep_last)
@@ -119,7 +127,7 @@ def _save_sharded(out_dir: Path, step: int, policy: nn.Module, hf_model: nn.Modu
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(dist)
-    stream_weights(tmp, policy, dist)
+    stream_weights(tmp, policy, dist, config=lora.config_of(hf_model))
     dcp.save({"optimizer": get_optimizer_state_dict(policy, optimizer)},
              checkpoint_id=str(tmp / "optimizer"))
     if aux:
@@ -203,36 +211,52 @@ def _finish_checkpoint(tmp: Path, final: Path, out_dir: Path, optimizer_state: A
 
 @torch.no_grad()
 def stream_weights(folder: Path, policy: nn.Module, dist: DistInfo,
-                   shard_bytes: int | None = None) -> None:
+                   shard_bytes: int | None = None, config: Any = None) -> None:
     """Write the HF weights of a sharded `policy` as safetensors, gathering one parameter at a
     time (a collective: every process calls it). The files (at most `shard_bytes` each, with
     an index) are laid out from the parameters' shapes first, so rank 0 writes each tensor
     into its place as soon as it is gathered and never holds more than one: holding a file's
     worth before writing it cost rank 0 a whole 2 GiB file (all of a 0.5B model) on top of its
-    shards. Each tied weight once."""
+    shards. Each tied weight once. `config`: a LoRA model's (models.lora.config_of): its
+    layers written merged in fp32, the adapters in their own folders."""
     limit = shard_bytes or SHARD_BYTES
-    files: list[list[tuple[str, nn.Parameter]]] = [[]]
+    params = dict(policy.named_parameters())
+    scale = config.lora_alpha / config.r if config is not None else 1.0
+    files: list[list[tuple[str, torch.Tensor, list[str]]]] = [[]]
     size = total = 0
-    for name, p in policy.named_parameters():
-        nbytes = p.numel() * p.element_size()  # a DTensor's numel is the whole tensor's
+    for name, sources in lora.weight_sources(list(params)):
+        p = params[name]
+        like = p if len(sources) == 1 else torch.empty(p.shape, dtype=torch.float32,
+                                                        device="meta")
+        nbytes = like.numel() * like.element_size()  # a DTensor's numel is the whole tensor's
         if files[-1] and size + nbytes > limit:
             files.append([])
             size = 0
-        files[-1].append((name.removeprefix("model."), p))
+        files[-1].append((name.removeprefix("model."), like, sources))
         size, total = size + nbytes, total + nbytes
     names = ["model.safetensors"] if len(files) == 1 else [
         f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
-    for file, params in zip(names, files, strict=True):
-        with _SafetensorsWriter(folder / file, params) if dist.is_main else nullcontext() as out:
-            for _, p in params:
-                full = p.full_tensor() if hasattr(p, "full_tensor") else p
+    for file, group in zip(names, files, strict=True):
+        entries = [(key, like) for key, like, _ in group]
+        with _SafetensorsWriter(folder / file, entries) if dist.is_main else nullcontext() as out:
+            for _, _, sources in group:
+                full = lora.combine([_whole(params[n]) for n in sources], scale)
                 if out is not None:
                     out.write(full.detach())
     if dist.is_main and len(files) > 1:
         weight_map = {key: file for file, group in zip(names, files, strict=True)
-                      for key, _ in group}
+                      for key, _, _ in group}
         (folder / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    if config is not None:
+        adapters = {n: _whole(p) for n, p in params.items() if lora.is_adapter(n)}
+        if dist.is_main:
+            lora.save_sets(folder, adapters, config)
+
+
+def _whole(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole tensor (gathered from its shards: a collective under FSDP2)."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",

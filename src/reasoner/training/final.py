@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 
 from reasoner.device import DistInfo, barrier
+from reasoner.models.lora import REFERENCE_DIR
 from reasoner.training.checkpoints import AUX
 
-RESUME_ONLY = ("trainer_state.pt", "trainer_state.json", "optimizer", AUX)
+RESUME_ONLY = ("trainer_state.pt", "trainer_state.json", "optimizer", AUX, REFERENCE_DIR)
 
 
 def publish_final(out_dir: Path, ckpt: Path, dtype: torch.dtype, dist: DistInfo) -> Path:
@@ -22,7 +23,8 @@ def publish_final(out_dir: Path, ckpt: Path, dtype: torch.dtype, dist: DistInfo)
     calls it.
 
     Left out: what only a resume reads (trainer state, optimiser shards, the auxiliary models'
-    `aux/`). The weights are written in `dtype` (the checkpoint keeps fp32 masters for an exact
+    `aux/`, a LoRA run's reference adapters). A LoRA run's trained adapters stay, in
+    `adapter/`, beside the merged weights. The weights are written in `dtype` (the checkpoint keeps fp32 masters for an exact
     resume), each process converting its share of the safetensors files; files that need no
     change (tokenizer, generation config, the weights when `dtype` is float32) are hard links
     into the checkpoint where the file system allows, copies where not. Atomic: built under a

@@ -16,9 +16,9 @@ from torch import nn
 
 from reasoner import device as dev
 from reasoner import outputs
-from reasoner.config import ModelConfig, RunConfig, TrainerConfig
+from reasoner.config import ModelConfig, RunConfig, TrainedModelConfig, TrainerConfig
 from reasoner.device import Env
-from reasoner.models import sequence_parallel
+from reasoner.models import lora, sequence_parallel
 from reasoner.models.load import fetch_once
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit
@@ -55,7 +55,7 @@ def _finishing(key: str) -> str:
             "data.path": "rerun the stage that writes it"}.get(key, "rerun the stage that writes it")
 
 
-def setup(model: ModelConfig, run: RunConfig, output_dir: Path | None = None) -> Env:
+def setup(model: TrainedModelConfig, run: RunConfig, output_dir: Path | None = None) -> Env:
     """Device, process group and compute dtype of a training run; seeds torch. With several
     processes, every one must see the same `output_dir` (`device.check_same_folder`)."""
     sequence_parallel.check_model(model.name_or_path, run.sequence_parallel)
@@ -66,6 +66,7 @@ def setup(model: ModelConfig, run: RunConfig, output_dir: Path | None = None) ->
     if output_dir is not None:
         dev.check_same_folder(output_dir, dist, device)
     fetch_once(model.name_or_path, dist, device)  # one download, then every process offline
+    lora.check_model(model.name_or_path, model.lora, model.trust_remote_code)
     torch.manual_seed(run.seed)
     return Env(device, dist, dev.pick_dtype(model.dtype, device))
 
@@ -92,31 +93,40 @@ def load_weights(model: ModelConfig, source: str | Path, device: torch.device,
 
 def load_wrapped(model: ModelConfig, source: str | Path, env: Env,
                  wrap: Callable[[nn.Module], nn.Module], attn: str | None = None,
-                 vocab: VocabSplit | None = None, skip: tuple[str, ...] = ()) -> Loaded:
+                 vocab: VocabSplit | None = None, skip: tuple[str, ...] = (),
+                 adapters: lora.Adapters | None = None) -> Loaded:
     """`wrap(HF model of source)`: in one process the whole model; in several FSDP2-sharded as
     it loads (models.fsdp.load_sharded; `vocab`: how its embedding and lm-head split; `skip`:
-    parameters of the wrapper that the checkpoint does not hold)."""
+    parameters of the wrapper that the checkpoint does not hold). `adapters`: LoRA on the
+    model, its base frozen in the training dtype; a checkpoint of a LoRA run gives only the
+    adapters' values, its base is the configured model."""
     from reasoner.models.fsdp import load_sharded
 
+    if adapters is not None and adapters.saved is not None:
+        source = model.name_or_path
     if env.dist.world_size == 1:
         hf = load_weights(model, source, env.device, attn)
+        if adapters is not None:
+            lora.inject(hf, adapters.settings, adapters.sets, base_dtype=env.dtype)
+            lora.initialise(hf, adapters)
         return Loaded(hf, wrap(hf))
     mcfg = model.model_copy(update={"attn_implementation": attn or model.attn_implementation})
     wrapped = load_sharded(mcfg, source, env.device, env.dist, wrap, skip=skip, dtype=env.dtype,
-                           vocab=vocab)
+                           vocab=vocab, adapters=adapters)
     return Loaded(wrapped.model, wrapped)
 
 
 def load_policy(model: ModelConfig, source: str | Path, env: Env, chunk: int,
                 temperature: float = 1.0, attn: str | None = None,
-                vocab: VocabSplit | None = None) -> Loaded:
+                vocab: VocabSplit | None = None, adapters: lora.Adapters | None = None
+                ) -> Loaded:
     """`source` as a policy: PolicyLogprobs around it, scoring `chunk` tokens at a time at
     `temperature` (each process its slice of a row under sequence parallelism)."""
     from reasoner.models.logprobs import PolicyLogprobs
 
     sp = SequenceGroup.of(env.dist)
     return load_wrapped(model, source, env, lambda m: PolicyLogprobs(m, chunk, temperature, sp),
-                        attn, vocab)
+                        attn, vocab, adapters=adapters)
 
 
 def warn_dropped(stage: str, dropped: int, total: int, max_tokens: int, dist: dev.DistInfo,
