@@ -54,8 +54,8 @@ def tiny_model(model_dir):
 
 
 def test_only_the_adapters_train_and_the_base_is_held_in_the_training_dtype(tiny_model_dir):
-    from reasoner.training.schedule import build_optimizer
     from reasoner.config import OptimConfig
+    from reasoner.training.schedule import build_optimizer
 
     model = tiny_model(tiny_model_dir)
     lora.inject(model, LoraSettings(r=4, target_modules=["q_proj", "down_proj"]),
