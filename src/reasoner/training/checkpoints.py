@@ -225,7 +225,7 @@ def stream_weights(folder: Path, policy: nn.Module, dist: DistInfo,
     files: list[list[tuple[str, torch.Tensor, list[str]]]] = [[]]
     size = total = 0
     for name, sources in lora.weight_sources(list(params)):
-        p = params[name]
+        p = params[sources[0]]
         like = p if len(sources) == 1 else torch.empty(p.shape, dtype=torch.float32,
                                                         device="meta")
         nbytes = like.numel() * like.element_size()  # a DTensor's numel is the whole tensor's
