@@ -10,9 +10,11 @@ and the final checkpoint.
     python scripts/bench_memory.py                 # writes runs/bench_memory/report.json
     python scripts/bench_memory.py --layers 4      # a smaller model, for a quick look
     python scripts/bench_memory.py --untied        # untied embeddings, as Qwen2.5-32B
+    python scripts/bench_memory.py --lora          # LoRA against full training, 1 process each
 
 Target (issue 15): with 2 processes each one's peak <= 0.6 x the 1-process peak, and the
-plan's prediction within +-25% of each measured peak.
+plan's prediction within +-25% of each measured peak. With --lora (issue 41): LoRA's peak and
+tokens/s against full training's on one process, each beside the plan's peak (goal +-20%).
 
 Both runs use glibc with its mmap threshold fixed at 1 MiB (MALLOC_MMAP_THRESHOLD_): left
 dynamic, it rises to 32 MiB after the first large free, and freed tensors below that stay in
@@ -163,6 +165,38 @@ def measure(nproc: int, model: Path, data: Path, out: Path, extra: list[str],
     return [json.loads((out / f"rss-{label}-rank{r}.json").read_text()) for r in range(nproc)]
 
 
+LORA = {"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"]}
+
+
+def compare_lora(model: Path, data: Path, out: Path, overrides: list[str], trace: bool,
+                 malloc: dict[str, str]) -> dict:
+    """Full training and LoRA, one process each: peak RSS, tokens/s (the last step's running
+    figure, from metrics.jsonl) and the plan's peak for each."""
+    from reasoner.models.footprint import host_peak_gib
+    from reasoner.models.shapes import count_parameters, shape_of
+
+    lora = "model.lora={" + ", ".join(f"{k}: {v}" for k, v in LORA.items()).replace("'", "") + "}"
+    adapters = shape_of(str(model)).lora_params(LORA["r"], LORA["target_modules"])
+    result: dict = {"model": str(model), "parameters": count_parameters(model),
+                    "adapter_parameters": adapters, "lora_settings": LORA, "overrides": overrides,
+                    "malloc": malloc or "glibc defaults (dynamic mmap threshold)"}
+    for label, extra, n in (("full", [], 0), ("lora", [lora], adapters)):
+        rows = measure(1, model, data, out, [*overrides, *extra], trace, malloc, label)
+        metrics = [json.loads(line) for line in
+                   (out / f"sft-{label}" / "metrics.jsonl").read_text().splitlines()]
+        plan = host_peak_gib(model, 1, seq_len=256, micro_batch=1, gradient_checkpointing=True,
+                             adapters=n)
+        result[label] = {"peak_gib": rows[0]["peak_gib"], "plan_gib": plan,
+                         "plan_error": plan / rows[0]["peak_gib"] - 1,
+                         "tokens_per_s": metrics[-1]["tokens_per_s"],
+                         **({"phases": rows[0]["phases"]} if trace else {})}
+    result["peak_ratio_lora_vs_full"] = result["lora"]["peak_gib"] / result["full"]["peak_gib"]
+    result["tokens_per_s_ratio_lora_vs_full"] = (result["lora"]["tokens_per_s"]
+                                                 / result["full"]["tokens_per_s"])
+    return result
+
+
 def main() -> None:
     if "--worker" in sys.argv:
         i = sys.argv.index("--worker")
@@ -180,6 +214,9 @@ def main() -> None:
     parser.add_argument("--malloc-as-is", action="store_true",
                         help="leave glibc's mmap threshold dynamic (RSS then also counts freed "
                         "blocks the heap keeps)")
+    parser.add_argument("--lora", action="store_true",
+                        help="full training against LoRA (r 16, every linear layer), one "
+                        "process each, instead of 1 against 2 processes")
     parser.add_argument("overrides", nargs="*",
                         help="extra `key=value` settings for both sft runs (e.g. model.dtype=bf16)")
     a = parser.parse_args()
@@ -196,6 +233,11 @@ def main() -> None:
                                                   "num_train": EXAMPLES, "num_test": 4}))
     data = data / "sft"
     malloc = {} if a.malloc_as_is else MALLOC
+    if a.lora:
+        result = compare_lora(model, data, a.out, a.overrides, a.trace, malloc)
+        (a.out / f"report-lora{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     runs = {n: measure(n, model, data, a.out, a.overrides, a.trace, malloc) for n in (1, 2)}
     one = [r["peak_gib"] for r in runs[1]]
     two = [r["peak_gib"] for r in runs[2]]

@@ -113,7 +113,7 @@ def plan_recipe(
     results().print(table)
     for sp in plans:
         for line in ([sp.vocab] if sp.vocab else []) + sp.notes:
-            results().print(f"{sp.name}: {line}", soft_wrap=True)
+            results().print(f"{sp.name}: {line}", soft_wrap=True, markup=False)  # [flash]
     done("plan")
     if not all(sp.fits for sp in plans):
         raise typer.Exit(1)

@@ -29,24 +29,31 @@ GIB = 2**30
 CPU_BASELINE_GIB = 0.55  # python + torch + transformers + reasoner imported (measured here)
 
 
-def residual_bytes(dtype_bytes: int, processes: int) -> int:
+def residual_bytes(dtype_bytes: int, processes: int, frozen_base: bool = False) -> int:
     """Bytes per element of the hidden states entering each decoder layer (what activation
-    checkpointing keeps): the compute dtype's under FSDP2, 4 in one process."""
-    return dtype_bytes if processes > 1 else 4
+    checkpointing keeps): the compute dtype's under FSDP2 or with a LoRA base held in it, 4 in
+    one process of full training."""
+    return dtype_bytes if processes > 1 or frozen_base else 4
 
 
 def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
-                   logprob_chunk: int, extra_models: int = 0, vocab_layout: str = "vocab-parallel"
-                   ) -> dict[str, float]:
+                   logprob_chunk: int, extra_models: float = 0, vocab_layout: str = "vocab-parallel",
+                   adapters: int = 0) -> dict[str, float]:
     """Bytes per device of one training process, by component (see the module docstring).
-    `tokens`: this process's tokens of one micro-batch (`TrainerConfig.micro_batch_tokens`)."""
+    `tokens`: this process's tokens of one micro-batch (`TrainerConfig.micro_batch_tokens`).
+    `adapters`: LoRA's parameter count (0: the whole model trains); the base is then held in
+    the compute dtype with no gradient or optimiser state, the adapters as fp32 masters with
+    their gradients and AdamW moments, and a layer is gathered without a whole-layer gradient."""
     sharded = devices > 1
     rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
-    gathered = dtype_bytes * (2 * s.hidden + 3 * s.layer_params)
-    if dtype_bytes < 4:  # a layer's half gradient is cast to fp32 for its reduce-scatter
-        gathered += 4 * s.layer_params
+    gathered = dtype_bytes * (2 * s.hidden + (2 if adapters else 3) * s.layer_params)
+    if dtype_bytes < 4 and not adapters:  # a layer's half gradient is cast to fp32 for its
+        gathered += 4 * s.layer_params     # reduce-scatter
+    weights = ({"frozen base": dtype_bytes * s.params / devices,
+                "adapters+grads+adam fp32": 16 * adapters / devices} if adapters
+               else {"weights+grads+adam fp32": 16 * s.params / devices})
     out = {
-        "weights+grads+adam fp32": 16 * s.params / devices,
+        **weights,
         # the root FSDP unit (the final norm) stays gathered through forward and backward;
         # layers: current + prefetched + gradient
         "gathered root + 3 layers": gathered if sharded else 0.0,
@@ -63,10 +70,11 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
     if checkpointing:
         out["activations"] = (s.layers * tokens * s.hidden
-                              * residual_bytes(dtype_bytes, devices) + 2 * per_layer)
+                              * residual_bytes(dtype_bytes, devices, adapters > 0) + 2 * per_layer)
     else:
         out["activations"] = s.layers * per_layer
-    if extra_models:  # a resident reference (weights only) or token RM (trained: 16 B/param)
+    if extra_models:  # a resident reference (weights only: 4 B/param; with LoRA a second
+        # adapter set) or token RM (trained: 16 B/param)
         out["reference / token RM"] = extra_models * s.params / devices
     return out
 
@@ -82,15 +90,17 @@ def packed_mask_bytes(micro_batch: int, row_tokens: int, sequence_parallel: int 
 
 
 def scoring_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, logprob_chunk: int,
-                  vocab_layout: str = "vocab-parallel") -> float:
+                  vocab_layout: str = "vocab-parallel", adapters: int = 0) -> float:
     """Peak bytes per device of a scoring forward (reference, behaviour or validation log-probs,
-    no gradient) of one micro-batch, before training: fp32 weight shards, the gathered root and
-    two layers, one layer's activations and the hidden states, a log-prob chunk."""
+    no gradient) of one micro-batch, before training: fp32 weight shards (LoRA: the base in the
+    compute dtype, fp32 adapters), the gathered root and two layers, one layer's activations
+    and the hidden states, a log-prob chunk."""
     rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
     gathered = dtype_bytes * (2 * s.hidden + 2 * s.layer_params) if devices > 1 else 0.0
     acts = (s.activation_bytes_per_token(dtype_bytes)
-            + 2 * s.hidden * residual_bytes(dtype_bytes, devices)) * tokens
-    return 4 * s.params / devices + gathered + acts + 2 * 4 * min(logprob_chunk, tokens) * rows
+            + 2 * s.hidden * residual_bytes(dtype_bytes, devices, adapters > 0)) * tokens
+    weights = (dtype_bytes * s.params + 4 * adapters if adapters else 4 * s.params) / devices
+    return weights + gathered + acts + 2 * 4 * min(logprob_chunk, tokens) * rows
 
 
 def megatron_bytes(s: Shape, devices: int, tokens: int, tp: int, pp: int, checkpointing: bool
@@ -111,13 +121,14 @@ def megatron_bytes(s: Shape, devices: int, tokens: int, tp: int, pp: int, checkp
 
 def host_peak_gib(model: str | Path, processes: int, seq_len: int, micro_batch: int = 1,
                   gradient_checkpointing: bool = True, disk_bytes: int = 4,
-                  sequence_parallel: int = 1, logprob_chunk: int = 4096) -> float:
+                  sequence_parallel: int = 1, logprob_chunk: int = 4096, adapters: int = 0
+                  ) -> float:
     """Predicted peak RSS (GiB) of each process of a CPU `reasoner sft` run in fp32: the
     training peak, or the load peak when higher (one process: the model plus the checkpoint
-    file's pages; sharded: each process's rows of both)."""
+    file's pages; sharded: each process's rows of both). `adapters`: LoRA's parameter count."""
     s = shape_of(str(model))
     tokens = -(-seq_len * micro_batch // sequence_parallel)
     train = sum(training_bytes(s, processes, tokens, 4, gradient_checkpointing,
-                               logprob_chunk).values())
+                               logprob_chunk, adapters=adapters).values())
     load = (4 + disk_bytes) * s.params / processes
     return CPU_BASELINE_GIB + max(train, load) / GIB

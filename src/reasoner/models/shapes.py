@@ -24,6 +24,10 @@ KNOWN = {
                                    num_attention_heads=40, num_key_value_heads=8,
                                    vocab_size=152064, tie_word_embeddings=False,
                                    attention_bias=True),
+    "Qwen/Qwen2.5-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                     num_attention_heads=28, num_key_value_heads=4,
+                                     vocab_size=152064, tie_word_embeddings=False,
+                                     attention_bias=True),
     "Qwen/Qwen2.5-0.5B-Instruct": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                        num_attention_heads=14, num_key_value_heads=2,
                                        vocab_size=151936, tie_word_embeddings=True,
@@ -66,6 +70,17 @@ class Shape:
     @property
     def params(self) -> int:
         return self.layers * self.layer_params + self.root_params
+
+    def lora_params(self, r: int, targets: list[str]) -> int:
+        """Parameters of rank-`r` LoRA adapters (A: r x in, B: out x r) on the linear layers
+        named `targets` of every decoder layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        dims = {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv),
+                "v_proj": (self.hidden, kv), "o_proj": (q, self.hidden),
+                "gate_proj": (self.hidden, self.intermediate),
+                "up_proj": (self.hidden, self.intermediate),
+                "down_proj": (self.intermediate, self.hidden)}
+        return self.layers * sum(r * sum(dims[t]) for t in targets if t in dims)
 
     def activation_bytes_per_token(self, dtype_bytes: int) -> int:
         """Saved activations of one layer per token (flash / sdpa attention: no T^2 term)."""

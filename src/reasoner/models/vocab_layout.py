@@ -75,7 +75,7 @@ def vocab_layout(split: VocabSplit | None, processes: int, hidden: int, vocab: i
 
 
 def choose_vocab_layout(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float | None,
-                        dtype_bytes: int, extra: int = 0) -> str:
+                        dtype_bytes: int, extra: float = 0) -> str:
     """run.vocab_layout, or for `auto` the layout that moves fewer bytes among those that fit
     `mem_gib` (all when it is unknown): what `reasoner plan` reports and the trainers use.
     FSDP2 units for the embedding and lm-head move a constant number of bytes whatever the
@@ -108,7 +108,7 @@ def vocab_note(s: Shape, devices: int, tokens: int, dtype_bytes: int, layout: st
     return f"vocab {layout}: {moved[layout]:.1f} GB / micro-batch ({alt})"
 
 
-def vocab_split(cfg: TrainerConfig, env: dev.Env, extra: int = 0) -> VocabSplit:
+def vocab_split(cfg: TrainerConfig, env: dev.Env, extra: float = 0) -> VocabSplit:
     """How a trainer's embedding and lm-head split over its processes: run.vocab_layout, or for
     `auto` what `reasoner plan` picks for this model on these devices (`choose_vocab_layout`;
     `extra`: bytes per parameter of models beside the policy). Rank 0 chooses for every rank:

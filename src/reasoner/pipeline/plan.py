@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reasoner.config import TrainerConfig
+from reasoner.config import OfflineConfig, TrainerConfig
 from reasoner.errors import ConfigError
 from reasoner.models.footprint import (
     GIB,
@@ -69,7 +69,7 @@ class MemoryEstimate:
 
 def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devices: int,
                   mem_gib: float, kind: str, mfu: float, layout: str = "fsdp", tp: int = 8,
-                  pp: int = 4, extra: int = 0, tflops: float | None = None,
+                  pp: int = 4, extra: float = 0, tflops: float | None = None,
                   scores: bool = False) -> MemoryEstimate:
     """Memory per device and time per step of an sft or train-offline stage; `extra`: bytes per
     parameter of the models kept beside the policy (`resident_bytes_per_param`); `scores`: the
@@ -126,15 +126,18 @@ def _dtype_bytes(cfg: TrainerConfig, kind: str) -> int:
 
 
 def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
-                dtype_bytes: int, extra: int) -> tuple[dict[str, float], str, float]:
+                dtype_bytes: int, extra: float) -> tuple[dict[str, float], str, float]:
     """This trainer's bytes per component, its vocabulary layout note, its scoring peak."""
     tokens = cfg.micro_batch_tokens
+    lora = cfg.model.lora
+    adapters = shape.lora_params(lora.r, lora.target_modules) if lora is not None else 0
     layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
     parts = training_bytes(shape, devices, tokens, dtype_bytes, cfg.run.gradient_checkpointing,
-                           cfg.run.logprob_chunk, extra, layout if devices > 1 else "whole")
+                           cfg.run.logprob_chunk, extra, layout if devices > 1 else "whole",
+                           adapters)
     vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
     scoring = scoring_bytes(shape, devices, tokens, dtype_bytes, cfg.run.logprob_chunk,
-                            layout if devices > 1 else "whole")
+                            layout if devices > 1 else "whole", adapters)
     return parts, vocab, scoring
 
 
@@ -150,7 +153,7 @@ def _sequence_parallel_refused(shape: Shape, model: str, sp: int, devices: int) 
 
 
 def _advice(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float, dtype_bytes: int,
-            extra: int, parts: dict[str, float]) -> str:
+            extra: float, parts: dict[str, float]) -> str:
     """What to change, for the largest part: never a setting that is already on."""
     biggest = max(parts, key=parts.get)
     if biggest == "activations":
@@ -174,7 +177,7 @@ def _advice(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float, dtyp
 
 
 def _fitting_sequence_parallel(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
-                               dtype_bytes: int, extra: int) -> tuple[int, float] | None:
+                               dtype_bytes: int, extra: float) -> tuple[int, float] | None:
     """The smallest sequence-parallel size above the configured one that the model's heads
     allow, that divides the devices within one node (8), and that fits: (size, GiB)."""
     for sp in range(cfg.run.sequence_parallel + 1, min(devices, 8) + 1):
@@ -227,8 +230,7 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
         if st.command in ("sft", "train-offline"):
             src = cfg.model.name_or_path if st.command == "sft" else start
             src = src if Path(src).exists() or src in KNOWN else start
-            extra = cfg.objective.resident_bytes_per_param if st.command == "train-offline" \
-                else 0
+            extra = resident_bytes(cfg, shape_of(src)) if st.command == "train-offline" else 0
             plans.append(plan_training(st.name, cfg, shape_of(src), src, devices, mem_gib, kind,
                                        mfu, layout, tp, pp, extra, tflops,
                                        scores=st.command == "train-offline"))
@@ -250,6 +252,17 @@ def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu
                                          j.max_model_len or 32768, devices, mem_gib))
             plans[-1].command = "judge"
     return plans
+
+
+def resident_bytes(cfg: OfflineConfig, shape: Shape) -> float:
+    """Bytes per policy parameter of what train-offline keeps beside the policy: the
+    objective's (`resident_bytes_per_param`), with a LoRA run's moving reference a second
+    adapter set (4 bytes per adapter parameter) instead of a second model."""
+    obj, lora = cfg.objective, cfg.model.lora
+    extra = float(obj.resident_bytes_per_param)
+    if lora is not None and obj.resident_reference:
+        extra += 4 * (shape.lora_params(lora.r, lora.target_modules) / shape.params - 1)
+    return extra
 
 
 def check_before_run(recipe: Path, overrides: list[str]) -> list[MemoryEstimate]:

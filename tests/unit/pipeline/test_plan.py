@@ -120,3 +120,47 @@ def test_the_plan_chooses_the_vocab_layout_moving_fewer_bytes_among_those_that_f
     one_gpu = REPO / "configs" / "gsm8k_1gpu" / "recipe.yaml"
     small = {p.name: p for p in plan.plan_recipe(one_gpu, 8, 24.0, "l4")}
     assert small["rl"].vocab.startswith("vocab vocab-parallel") and "needs untied" in small["rl"].vocab
+
+
+LORA_7B = REPO / "configs" / "gsm8k_1gpu" / "recipe_7b_lora.yaml"
+
+
+@pytest.mark.parametrize("mem", [24.0, 48.0])
+def test_the_7b_lora_recipe_fits_one_gpu_and_full_training_would_not(mem):
+    """Qwen2.5-7B as LoRA on one GPU: the frozen bf16 base (2 bytes x 7.62B) and rank-64 fp32
+    adapters with AdamW (16 bytes x 161.5M) instead of 16 bytes per parameter for everything."""
+    plans = {p.name: p for p in plan.plan_recipe(LORA_7B, 1, mem, "l4")}
+    assert all(p.fits for p in plans.values()), [(p.name, p.verdict) for p in plans.values()]
+    rl = plans["rl"]
+    params, adapters = 7_615_616_512, 28 * 64 * (2 * (3584 + 3584) + 2 * (3584 + 512)
+                                                 + 3 * (3584 + 18944))
+    assert adapters == 161_480_704
+    assert rl.parts["frozen base"] == pytest.approx(2 * params / 2**30)
+    assert rl.parts["adapters+grads+adam fp32"] == pytest.approx(16 * adapters / 2**30)
+    assert "weights+grads+adam fp32" not in rl.parts
+    full = {p.name: p for p in plan.plan_recipe(LORA_7B, 1, mem, "l4",
+                                                overrides=["rl.model.lora=null"])}["rl"]
+    assert full.parts["weights+grads+adam fp32"] == pytest.approx(16 * params / 2**30)
+    assert not full.fits
+
+
+def test_a_lora_reference_that_moves_is_a_second_adapter_set_in_the_plan():
+    """ProRL's reset reference with LoRA: 4 bytes per adapter parameter, not a second model."""
+    over = ["rl.objective={name: prorl, reset_every: 50, kl_coef: 0.01}"]
+    rl = {p.name: p for p in plan.plan_recipe(LORA_7B, 1, 24.0, "l4", overrides=over)}["rl"]
+    assert rl.parts["reference / token RM"] == pytest.approx(4 * 161_480_704 / 2**30)
+
+
+def test_lora_parameters_the_plan_counts_are_those_peft_builds(tiny_model_dir):
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.config import LoraSettings
+    from reasoner.models import lora
+    from reasoner.models.shapes import shape_of
+
+    for targets in (["q_proj", "v_proj"], LoraSettings().target_modules):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        lora.inject(model, LoraSettings(r=4, target_modules=targets))
+        built = sum(p.numel() for n, p in model.named_parameters() if lora.is_adapter(n))
+        assert shape_of(str(tiny_model_dir)).lora_params(4, targets) == built
