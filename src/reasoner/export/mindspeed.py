@@ -68,17 +68,19 @@ def architecture(name_or_path: str) -> dict:
     if name_or_path in KNOWN_ARCHITECTURES:
         return KNOWN_ARCHITECTURES[name_or_path]
     raise InputError(f"cannot read the shape of {name_or_path!r}: give a local HF folder (with "
-                     f"config.json) or one of {', '.join(KNOWN_ARCHITECTURES)}")
+                     f"config.json) or one of {', '.join(KNOWN_ARCHITECTURES)}; for a folder "
+                     "an earlier stage has not written yet, name its shape with --shape")
 
 
-def _hub_id(path: str) -> bool:
+def hub_id(path: str) -> bool:
     """`owner/name` that is not a local path: what the scripts must download first. Decided by
     the text, so the scripts are the same on every machine."""
     return (not Path(path).exists() and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None
             and Path(path).suffix not in (".jsonl", ".json", ".parquet"))
 
 
-def _check(arch: dict, par: Parallel, cfg: SFTConfig) -> None:
+def check_layout(arch: dict, par: Parallel, global_batch: int, micro_batch: int) -> None:
+    """Refuse a TP / PP / node layout that cannot run this model and batch."""
     heads, groups, layers = (arch["num_attention_heads"], arch["num_key_value_heads"],
                              arch["num_hidden_layers"])
     problems = []
@@ -91,18 +93,25 @@ def _check(arch: dict, par: Parallel, cfg: SFTConfig) -> None:
         problems.append(f"{world} NPUs are not a multiple of TP x PP = {par.tp * par.pp}")
     else:
         dp = world // (par.tp * par.pp)
-        if cfg.run.global_batch % (dp * cfg.run.micro_batch):
-            problems.append(f"global batch {cfg.run.global_batch} is not a multiple of data-parallel "
-                            f"size {dp} x micro batch {cfg.run.micro_batch}")
+        if global_batch % (dp * micro_batch):
+            problems.append(f"global batch {global_batch} is not a multiple of data-parallel "
+                            f"size {dp} x micro batch {micro_batch}")
     if problems:
         raise ConfigError("export mindspeed: " + "; ".join(problems))
 
 
+def _word(value: object) -> str:
+    """A shell word: a value holding a shell variable in double quotes (a path with spaces
+    stays one argument; shellcheck SC2086)."""
+    text = str(value)
+    return f'"{text}"' if "${" in text and not text.startswith('"') else text
+
+
 def command_lines(command: list[str], flags: list[tuple[str, object]]) -> str:
     """`command \\` then one `--flag value \\` per line (value None = a switch)."""
-    out = [" ".join(command) + " \\"]
+    out = [" ".join(_word(w) for w in command) + " \\"]
     for i, (flag, value) in enumerate(flags):
-        text = flag if value is None else f"{flag} {value}"
+        text = flag if value is None else f"{flag} {_word(value)}"
         out.append(f"    {text}" + (" \\" if i < len(flags) - 1 else ""))
     return "\n".join(out) + "\n"
 
@@ -128,7 +137,7 @@ class Paths:
 
 
 def paths(name: str, par: Parallel, workdir: str, data: str = "sft") -> Paths:
-    local = not _hub_id(name)
+    local = not hub_id(name)
     hf_dir = name if local else f"./model_from_hf/{name.rstrip('/').split('/')[-1]}"
     mcore = f"{workdir}/model_weights/mcore_tp{par.tp}_pp{par.pp}"
     data_prefix = f"{workdir}/data/{data}"
@@ -141,10 +150,11 @@ def paths(name: str, par: Parallel, workdir: str, data: str = "sft") -> Paths:
 
 
 def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None = None,
-            workdir: str = "mindspeed") -> dict[str, str]:
-    """The four scripts (file name -> text) for this SFT config."""
-    arch = architecture(cfg.model.name_or_path)
-    _check(arch, par, cfg)
+            workdir: str = "mindspeed", shape: str | None = None) -> dict[str, str]:
+    """The four scripts (file name -> text) for this SFT config; `shape`: where to read the
+    model's shape instead of model.name_or_path."""
+    arch = architecture(shape or cfg.model.name_or_path)
+    check_layout(arch, par, cfg.run.global_batch, cfg.run.micro_batch)
     where = paths(cfg.model.name_or_path, par, workdir)
     return {"1_preprocess_data.sh": _preprocess(cfg, source, where),
             "2_convert_hf_to_mcore.sh": to_mcore(source, par, where),
@@ -167,7 +177,7 @@ def _preprocess(cfg: SFTConfig, source: str, where: Paths) -> str:
     if cfg.packing:  # no --append-eod: a turn already ends with <|im_end|>
         pre += [("--pack", None), ("--neat-pack", None), ("--seq-length", cfg.seq_len)]
     prepare = (f"reasoner export mindspeed-data {shlex.quote(source)} "
-               f"model.name_or_path=${{HF_DIR}} --out ${{DATA_JSONL}}\n")
+               'model.name_or_path="${HF_DIR}" --out "${DATA_JSONL}"\n')
     return (header("1/4 SFT data -> MindSpeed indexed instruction dataset", source)
             + where.download + where.env + 'DATA_JSONL=${DATA_JSONL:-'
             + f'{where.data_prefix}.jsonl}}\n' + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n'
@@ -299,11 +309,12 @@ def prepare_data(cfg: SFTConfig, out: Path) -> dict[str, int]:
 
 
 def export(cfg: SFTConfig, source: str, out: Path, par: Parallel,
-           train_iters: int | None = None) -> list[Path]:
+           train_iters: int | None = None, shape: str | None = None) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in scripts(cfg, source, par, train_iters or cfg.run.max_steps).items():
+    for name, text in scripts(cfg, source, par, train_iters or cfg.run.max_steps,
+                              shape=shape).items():
         path = out / name
         path.write_text(text)
         path.chmod(0o755)
