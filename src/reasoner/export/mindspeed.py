@@ -14,6 +14,8 @@ order from a MindSpeed-LLM checkout:
   4_convert_mcore_to_hf.sh  the trained weights back to HF (bf16), ready for `reasoner infer`
 Every flag and value is checked against that release's own argument definitions
 (tests/fixtures/mindspeed/args-v2.2.0.json, extracted by scripts/extract_mindspeed_args.py).
+A train-offline config goes to PCL's fork instead (mindspeed_opg.py, which shares the helpers
+here: the model's shape, the layout check, the script header and command lines, conversions).
 """
 
 
