@@ -280,3 +280,16 @@ def test_stored_sample_ids_and_the_length_limit(tmp_path, verified_dir, tiny_mod
     counts = prepare_data(short, tmp_path / "b.jsonl")
     assert counts[f"dropped_over_{longest - 1}_tokens"] >= 1
     assert counts["rows"] + counts[f"dropped_over_{longest - 1}_tokens"] == len(rows)
+
+
+def test_mindspeed_data_takes_the_train_offline_config(tmp_path, verified_dir, tiny_model_dir):
+    """The command 1_preprocess_data.sh runs: a config with input_dir is read as train-offline's
+    and its rows written as the fork reads them."""
+    out = tmp_path / "rows.jsonl"
+    result = CliRunner().invoke(app, [
+        "export", "mindspeed-data", str(OFFLINE), f"model.name_or_path={tiny_model_dir}",
+        f"input_dir={verified_dir}", f"output_dir={tmp_path / 'run'}", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rows and all(set(r) == {"prompt", "response", "reward"} for r in rows)
+    assert {r["reward"] for r in rows} == {0, 1}
