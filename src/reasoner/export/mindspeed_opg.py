@@ -65,6 +65,13 @@ def _check(cfg: OfflineConfig, arch: dict, par: Parallel) -> None:
     if cfg.objective.name != "pcl":
         raise ConfigError(f"export mindspeed: objective {cfg.objective.name!r}; the fork's "
                           "`--stage opg` trains the pcl objective only (objective.name=pcl)")
+    published = type(cfg.objective)()
+    changed = [f"objective.{k}={v}" for k, v in cfg.objective.model_dump().items()
+               if v != getattr(published, k)]
+    if changed:
+        raise ConfigError(f"export mindspeed: {', '.join(changed)}: the fork's loss is pcl's "
+                          "published form only (every option off); drop these keys to export, "
+                          "or train them with `reasoner train-offline`")
     check_layout(arch, par, cfg.run.global_batch, 1)
 
 

@@ -168,6 +168,8 @@ def test_generated_scripts_pass_bash_n_and_shellcheck(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("objective.name=rft", "trains the pcl objective only"),
+    ("objective.neg_scope=first", "objective.neg_scope=first: the fork's loss is pcl's published"),
+    ("objective.kl_coef=0.01", "objective.kl_coef=0.01"),
     ("run.epochs=2.5", "fractional number of epochs"),
 ])
 def test_what_the_fork_cannot_do_is_refused(tmp_path, override, message):
