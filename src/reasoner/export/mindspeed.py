@@ -43,7 +43,8 @@ KNOWN_ARCHITECTURES: dict[str, dict] = {
                              rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
     "Qwen/Qwen2.5-32B": dict(num_hidden_layers=64, hidden_size=5120, intermediate_size=27648,
                              num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
-                             rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+                             rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                             max_position_embeddings=131072),  # as PCL's RL script passes it
     "Qwen/Qwen2.5-72B": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=29568,
                              num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
                              rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),

@@ -118,7 +118,8 @@ def test_every_command_runs_and_parses_against_the_fork(tmp_path, args, world, d
                     recompute_granularity="full", recompute_method="block",
                     recompute_num_layers=16, recompute_norm=True,
                     recompute_activation_function=True, use_distributed_optimizer=True,
-                    num_layers=64, hidden_size=5120, num_query_groups=8)
+                    num_layers=64, hidden_size=5120, num_query_groups=8,
+                    max_position_embeddings=131072)
     assert {k: getattr(train, k) for k in expected} == expected
     assert getattr(train, "bf16", False) is False and getattr(train, "reset_position_ids", False) is False
     to_mcore, to_hf = parsed["convert_ckpt.py"]

@@ -52,7 +52,7 @@ torchrun --nproc_per_node "${NPUS_PER_NODE}" --nnodes "${NNODES}" --node_rank "$
     --overlap-grad-reduce \
     --overlap-param-gather \
     --seq-length 51200 \
-    --max-position-embeddings 51200 \
+    --max-position-embeddings 131072 \
     --micro-batch-size 1 \
     --global-batch-size 128 \
     --train-iters "${TRAIN_ITERS}" \
