@@ -196,20 +196,30 @@ def prepare_data(cfg: OfflineConfig, out: Path) -> dict[str, int]:
     dropped as train-offline drops them (empty, or longer than min(max_tokens, seq_len)
     tokens: the fork would cut them); `retokenized` counts rows whose stored sampled token ids
     differ from their text's tokens (the fork tokenizes text; the native trainer uses the ids)."""
+    limit = min(cfg.max_tokens, cfg.seq_len)
+    counts = {"rows": 0, "positive": 0, "negative": 0, f"dropped_over_{limit}_tokens": 0,
+              "dropped_empty": 0, "retokenized": 0}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    try:
+        _write_rows(cfg, tmp, counts, limit)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a bad row: no half-written file left beside the output
+        raise
+    os.replace(tmp, out)
+    return counts
+
+
+def _write_rows(cfg: OfflineConfig, tmp: Path, counts: dict[str, int], limit: int) -> None:
     from reasoner import models, shards
     from reasoner.data.template import end_of_turn
     from reasoner.records import Verified
 
     tok = models.load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     end = end_of_turn(tok)  # the token a stopped response ended with, as train-offline adds it
-    limit = min(cfg.max_tokens, cfg.seq_len)
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt_len: dict[str, int] = {}
-    counts = {"rows": 0, "positive": 0, "negative": 0, f"dropped_over_{limit}_tokens": 0,
-              "dropped_empty": 0, "retokenized": 0}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as fh:
         for r in shards.iter_rows(cfg.input_dir, Verified):
             response = r["response"] + (end if r["finish_reason"] == "stop" else "")
@@ -229,8 +239,6 @@ def prepare_data(cfg: OfflineConfig, out: Path) -> dict[str, int]:
                                 ensure_ascii=False) + "\n")
             counts["rows"] += 1
             counts["positive" if reward else "negative"] += 1
-    os.replace(tmp, out)
-    return counts
 
 
 def export(cfg: OfflineConfig, source: str, out: Path, par: Parallel,

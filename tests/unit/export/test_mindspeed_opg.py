@@ -296,3 +296,21 @@ def test_mindspeed_data_takes_the_train_offline_config(tmp_path, verified_dir, t
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert rows and all(set(r) == {"prompt", "response", "reward"} for r in rows)
     assert {r["reward"] for r in rows} == {0, 1}
+
+
+def test_a_reward_the_fork_cannot_take_stops_with_no_file_left(tmp_path, verified_dir,
+                                                               tiny_model_dir):
+    from reasoner import shards
+    from reasoner.errors import DataError
+    from reasoner.export.mindspeed_opg import prepare_data
+    from reasoner.records import Verified
+
+    rows = [{k: v for k, v in r.items() if k != "schema_version"}
+            for r in shards.iter_rows(verified_dir, Verified)]
+    rows[-1]["reward"] = 0.5
+    odd = tmp_path / "odd"
+    shards.write_rows(odd, [Verified(**r) for r in rows])
+    shards.finish(odd, {"samples": len(rows)})
+    with pytest.raises(DataError, match="reward 0.5"):
+        prepare_data(_offline_cfg(odd, tiny_model_dir, tmp_path), tmp_path / "out" / "rows.jsonl")
+    assert list((tmp_path / "out").iterdir()) == []
