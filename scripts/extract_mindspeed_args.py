@@ -2,6 +2,12 @@
 
     python scripts/extract_mindspeed_args.py MINDSPEED_GIT_DIR v2.2.0 MEGATRON_GIT_DIR core_v0.12.1 \
         > tests/fixtures/mindspeed/args-v2.2.0.json
+    python scripts/extract_mindspeed_args.py PCL_V1_5_GIT_DIR f0626fd PCL_V1_5_GIT_DIR f0626fd \
+        --prefix MindSpeed-LLM/ > tests/fixtures/mindspeed/args-pcl-f0626fd.json
+
+`--prefix` names the folder that holds the MindSpeed-LLM checkout inside a larger repository
+(PCL-Reasoner/V1.5 vendors its fork, with Megatron copied into it, under `MindSpeed-LLM/`);
+it applies to both repositories' paths and is recorded.
 
 Every `add_argument(...)` call is read with `ast` (nothing is imported: the code needs
 torch_npu), with its option strings, `type` (int / float / str / bool-ish), `choices`,
@@ -70,19 +76,30 @@ def arguments(source: str, where: str) -> list[dict]:
 
 
 def main() -> None:
-    ms_repo, ms_ref, mg_repo, mg_ref = sys.argv[1:5]
+    argv = sys.argv[1:]
+    prefix = ""
+    if "--prefix" in argv:
+        at = argv.index("--prefix")
+        prefix = argv[at + 1]
+        del argv[at:at + 2]
+    if len(argv) != 4:
+        sys.exit("usage: extract_mindspeed_args.py MINDSPEED_GIT_DIR REF MEGATRON_GIT_DIR REF "
+                 "[--prefix FOLDER/]")
+    ms_repo, ms_ref, mg_repo, mg_ref = argv
     ms_files = git(ms_repo, "ls-tree", "-r", "--name-only", ms_ref).split()
     out = {"mindspeed_llm": {"ref": ms_ref, "commit": git(ms_repo, "rev-parse", ms_ref).strip()},
            "megatron": {"ref": mg_ref, "commit": git(mg_repo, "rev-parse", mg_ref).strip()},
-           "programs": {}}
+           "prefix": prefix, "programs": {}}
     for program, prefixes in PROGRAMS.items():
         args = []
         for path in ms_files:
-            if path.endswith(".py") and any(path == p or path.startswith(p) for p in prefixes):
+            if path.endswith(".py") and any(path == prefix + p or path.startswith(prefix + p)
+                                            for p in prefixes):
                 args += arguments(git(ms_repo, "show", f"{ms_ref}:{path}"), path)
         if program == "posttrain_gpt.py":
             for path in MEGATRON_FILES:
-                args += arguments(git(mg_repo, "show", f"{mg_ref}:{path}"), f"megatron:{path}")
+                args += arguments(git(mg_repo, "show", f"{mg_ref}:{prefix}{path}"),
+                                  f"megatron:{prefix}{path}")
         out["programs"][program] = args
     write(out)
 
@@ -90,7 +107,9 @@ def main() -> None:
 def write(out: dict) -> None:
     """JSON with one argument per line (diffs between releases stay readable)."""
     lines = ["{", f' "mindspeed_llm": {json.dumps(out["mindspeed_llm"])},',
-             f' "megatron": {json.dumps(out["megatron"])},', ' "programs": {']
+             f' "megatron": {json.dumps(out["megatron"])},',
+             *([f' "prefix": {json.dumps(out["prefix"])},'] if out["prefix"] else []),
+             ' "programs": {']
     programs = list(out["programs"].items())
     for i, (program, args) in enumerate(programs):
         lines.append(f"  {json.dumps(program)}: [")

@@ -14,6 +14,8 @@ order from a MindSpeed-LLM checkout:
   4_convert_mcore_to_hf.sh  the trained weights back to HF (bf16), ready for `reasoner infer`
 Every flag and value is checked against that release's own argument definitions
 (tests/fixtures/mindspeed/args-v2.2.0.json, extracted by scripts/extract_mindspeed_args.py).
+A train-offline config goes to PCL's fork instead (mindspeed_opg.py, which shares the helpers
+here: the model's shape, the layout check, the script header and command lines, conversions).
 """
 
 
@@ -41,7 +43,8 @@ KNOWN_ARCHITECTURES: dict[str, dict] = {
                              rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
     "Qwen/Qwen2.5-32B": dict(num_hidden_layers=64, hidden_size=5120, intermediate_size=27648,
                              num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
-                             rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+                             rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                             max_position_embeddings=131072),  # as PCL's RL script passes it
     "Qwen/Qwen2.5-72B": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=29568,
                              num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
                              rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
@@ -68,17 +71,19 @@ def architecture(name_or_path: str) -> dict:
     if name_or_path in KNOWN_ARCHITECTURES:
         return KNOWN_ARCHITECTURES[name_or_path]
     raise InputError(f"cannot read the shape of {name_or_path!r}: give a local HF folder (with "
-                     f"config.json) or one of {', '.join(KNOWN_ARCHITECTURES)}")
+                     f"config.json) or one of {', '.join(KNOWN_ARCHITECTURES)}; for a folder "
+                     "an earlier stage has not written yet, name its shape with --shape")
 
 
-def _hub_id(path: str) -> bool:
+def hub_id(path: str) -> bool:
     """`owner/name` that is not a local path: what the scripts must download first. Decided by
     the text, so the scripts are the same on every machine."""
     return (not Path(path).exists() and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None
             and Path(path).suffix not in (".jsonl", ".json", ".parquet"))
 
 
-def _check(arch: dict, par: Parallel, cfg: SFTConfig) -> None:
+def check_layout(arch: dict, par: Parallel, global_batch: int, micro_batch: int) -> None:
+    """Refuse a TP / PP / node layout that cannot run this model and batch."""
     heads, groups, layers = (arch["num_attention_heads"], arch["num_key_value_heads"],
                              arch["num_hidden_layers"])
     problems = []
@@ -91,30 +96,41 @@ def _check(arch: dict, par: Parallel, cfg: SFTConfig) -> None:
         problems.append(f"{world} NPUs are not a multiple of TP x PP = {par.tp * par.pp}")
     else:
         dp = world // (par.tp * par.pp)
-        if cfg.run.global_batch % (dp * cfg.run.micro_batch):
-            problems.append(f"global batch {cfg.run.global_batch} is not a multiple of data-parallel "
-                            f"size {dp} x micro batch {cfg.run.micro_batch}")
+        if global_batch % (dp * micro_batch):
+            problems.append(f"global batch {global_batch} is not a multiple of data-parallel "
+                            f"size {dp} x micro batch {micro_batch}")
     if problems:
         raise ConfigError("export mindspeed: " + "; ".join(problems))
 
 
-def _lines(command: list[str], flags: list[tuple[str, object]]) -> str:
+def _word(value: object) -> str:
+    """A shell word: a value holding a shell variable in double quotes (a path with spaces
+    stays one argument; shellcheck SC2086)."""
+    text = str(value)
+    return f'"{text}"' if "${" in text and not text.startswith('"') else text
+
+
+def command_lines(command: list[str], flags: list[tuple[str, object]]) -> str:
     """`command \\` then one `--flag value \\` per line (value None = a switch)."""
-    out = [" ".join(command) + " \\"]
+    out = [" ".join(_word(w) for w in command) + " \\"]
     for i, (flag, value) in enumerate(flags):
-        text = flag if value is None else f"{flag} {value}"
+        text = flag if value is None else f"{flag} {_word(value)}"
         out.append(f"    {text}" + (" \\" if i < len(flags) - 1 else ""))
     return "\n".join(out) + "\n"
 
 
-def _header(title: str, source: str) -> str:
+CHECKOUT = "the root of a MindSpeed-LLM checkout"
+
+
+def header(title: str, source: str, checkout: str = CHECKOUT) -> str:
+    """A script's first lines: what it does, what wrote it, where it runs; strict mode."""
     return (f"#!/usr/bin/env bash\n# {title}\n# written by: reasoner export mindspeed {source}\n"
-            "# run from the root of a MindSpeed-LLM checkout, after sourcing the Ascend toolkit:\n"
+            f"# run from {checkout}, after sourcing the Ascend toolkit:\n"
             "#   source /usr/local/Ascend/ascend-toolkit/set_env.sh\nset -euo pipefail\n")
 
 
 @dataclass(frozen=True)
-class _Paths:
+class Paths:
     """Where the four scripts read and write, as shell defaults the user may override."""
 
     hf_dir: str
@@ -123,32 +139,33 @@ class _Paths:
     data_prefix: str
 
 
-def _paths(name: str, par: Parallel, workdir: str) -> _Paths:
-    local = not _hub_id(name)
+def paths(name: str, par: Parallel, workdir: str, data: str = "sft") -> Paths:
+    local = not hub_id(name)
     hf_dir = name if local else f"./model_from_hf/{name.rstrip('/').split('/')[-1]}"
     mcore = f"{workdir}/model_weights/mcore_tp{par.tp}_pp{par.pp}"
-    data_prefix = f"{workdir}/data/sft"
+    data_prefix = f"{workdir}/data/{data}"
     env = (f'HF_DIR=${{HF_DIR:-{hf_dir}}}\nMCORE_DIR=${{MCORE_DIR:-{mcore}}}\n'
            f'SAVE_DIR=${{SAVE_DIR:-{workdir}/checkpoints}}\n'
            f'DATA_PREFIX=${{DATA_PREFIX:-{data_prefix}}}\n')
     download = ("" if local else
                 f"# the weights must be local: huggingface-cli download {name} --local-dir {hf_dir}\n")
-    return _Paths(hf_dir, env, download, data_prefix)
+    return Paths(hf_dir, env, download, data_prefix)
 
 
 def scripts(cfg: SFTConfig, source: str, par: Parallel, train_iters: int | None = None,
-            workdir: str = "mindspeed") -> dict[str, str]:
-    """The four scripts (file name -> text) for this SFT config."""
-    arch = architecture(cfg.model.name_or_path)
-    _check(arch, par, cfg)
-    paths = _paths(cfg.model.name_or_path, par, workdir)
-    return {"1_preprocess_data.sh": _preprocess(cfg, source, paths),
-            "2_convert_hf_to_mcore.sh": _to_mcore(source, par, paths),
-            "3_train_sft.sh": _training(cfg, source, par, arch, paths, train_iters),
-            "4_convert_mcore_to_hf.sh": _to_hf(source, paths)}
+            workdir: str = "mindspeed", shape: str | None = None) -> dict[str, str]:
+    """The four scripts (file name -> text) for this SFT config; `shape`: where to read the
+    model's shape instead of model.name_or_path."""
+    arch = architecture(shape or cfg.model.name_or_path)
+    check_layout(arch, par, cfg.run.global_batch, cfg.run.micro_batch)
+    where = paths(cfg.model.name_or_path, par, workdir)
+    return {"1_preprocess_data.sh": _preprocess(cfg, source, where),
+            "2_convert_hf_to_mcore.sh": to_mcore(source, par, where),
+            "3_train_sft.sh": _training(cfg, source, par, arch, where, train_iters),
+            "4_convert_mcore_to_hf.sh": to_hf(source, where)}
 
 
-def _preprocess(cfg: SFTConfig, source: str, paths: _Paths) -> str:
+def _preprocess(cfg: SFTConfig, source: str, where: Paths) -> str:
     """1/4: reasoner reads the data as `reasoner sft` does (hub id, data_files, ShareGPT or
     OpenAI rows), asks each row as infer will, drops rows over the limit, writes role/content
     rows; MindSpeed's preprocessing packs them."""
@@ -163,26 +180,27 @@ def _preprocess(cfg: SFTConfig, source: str, paths: _Paths) -> str:
     if cfg.packing:  # no --append-eod: a turn already ends with <|im_end|>
         pre += [("--pack", None), ("--neat-pack", None), ("--seq-length", cfg.seq_len)]
     prepare = (f"reasoner export mindspeed-data {shlex.quote(source)} "
-               f"model.name_or_path=${{HF_DIR}} --out ${{DATA_JSONL}}\n")
-    return (_header("1/4 SFT data -> MindSpeed indexed instruction dataset", source)
-            + paths.download + paths.env + 'DATA_JSONL=${DATA_JSONL:-'
-            + f'{paths.data_prefix}.jsonl}}\n' + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n'
-            + prepare + _lines(["python", "preprocess_data.py"], pre))
+               'model.name_or_path="${HF_DIR}" --out "${DATA_JSONL}"\n')
+    return (header("1/4 SFT data -> MindSpeed indexed instruction dataset", source)
+            + where.download + where.env + 'DATA_JSONL=${DATA_JSONL:-'
+            + f'{where.data_prefix}.jsonl}}\n' + 'mkdir -p "$(dirname "${DATA_PREFIX}")"\n'
+            + prepare + command_lines(["python", "preprocess_data.py"], pre))
 
 
-def _to_mcore(source: str, par: Parallel, paths: _Paths) -> str:
-    """2/4: HF weights to Megatron-mcore at the run's TP / PP."""
+def to_mcore(source: str, par: Parallel, where: Paths, checkout: str = CHECKOUT) -> str:
+    """2/4: HF weights to Megatron-mcore at the run's TP / PP (bf16, as MindSpeed's examples
+    and PCL's README convert)."""
     conv = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
             ("--load-model-type", "hf"), ("--save-model-type", "mg"),
             ("--target-tensor-parallel-size", par.tp), ("--target-pipeline-parallel-size", par.pp),
             ("--add-qkv-bias", None), ("--params-dtype", "bf16"),
             ("--load-dir", "${HF_DIR}"), ("--save-dir", "${MCORE_DIR}"),
             ("--tokenizer-model", "${HF_DIR}/tokenizer.json")]
-    return (_header(f"2/4 HF -> Megatron-mcore weights (TP {par.tp}, PP {par.pp})", source)
-            + paths.download + paths.env + _lines(["python", "convert_ckpt.py"], conv))
+    return (header(f"2/4 HF -> Megatron-mcore weights (TP {par.tp}, PP {par.pp})", source, checkout)
+            + where.download + where.env + command_lines(["python", "convert_ckpt.py"], conv))
 
 
-def _model_flags(arch: dict) -> list[tuple[str, Any]]:
+def model_flags(arch: dict) -> list[tuple[str, Any]]:
     """The architecture as Megatron's arguments (Qwen2 / Llama layout)."""
     flags = [
         ("--use-mcore-models", None), ("--num-layers", arch["num_hidden_layers"]),
@@ -201,7 +219,7 @@ def _model_flags(arch: dict) -> list[tuple[str, Any]]:
     return flags
 
 
-def _training(cfg: SFTConfig, source: str, par: Parallel, arch: dict, paths: _Paths,
+def _training(cfg: SFTConfig, source: str, par: Parallel, arch: dict, where: Paths,
               train_iters: int | None) -> str:
     """3/4: the SFT run itself, the same command on every node."""
     o, r = cfg.optim, cfg.run
@@ -210,7 +228,7 @@ def _training(cfg: SFTConfig, source: str, par: Parallel, arch: dict, paths: _Pa
              f"(epochs = {r.epochs:g}); reasoner sft prints its packed rows\n"
              'TRAIN_ITERS=${TRAIN_ITERS:?set TRAIN_ITERS (see above)}\n')
     train = [
-        *_model_flags(arch),
+        *model_flags(arch),
         ("--tokenizer-type", "PretrainedFromHF"), ("--tokenizer-name-or-path", "${HF_DIR}"),
         ("--tensor-model-parallel-size", par.tp), ("--pipeline-model-parallel-size", par.pp),
         *([("--sequence-parallel", None)] if par.tp > 1 else []),
@@ -245,21 +263,23 @@ def _training(cfg: SFTConfig, source: str, par: Parallel, arch: dict, paths: _Pa
                 "--master_port", "${MASTER_PORT}", "posttrain_gpt.py"]
     world = par.nodes * par.npus_per_node
     dp = world // (par.tp * par.pp)
-    return (_header(f"3/4 SFT on {world} NPUs: TP {par.tp} x PP {par.pp} x DP {dp}; run on "
+    return (header(f"3/4 SFT on {world} NPUs: TP {par.tp} x PP {par.pp} x DP {dp}; run on "
                     "every node with its NODE_RANK", source)
-            + paths.env + iters + launch + _lines(torchrun, train))
+            + where.env + iters + launch + command_lines(torchrun, train))
 
 
-def _to_hf(source: str, paths: _Paths) -> str:
-    """4/4: the trained weights back to an HF folder `reasoner infer` reads."""
+def to_hf(source: str, where: Paths, dtype: str = "bf16", checkout: str = CHECKOUT,
+          then: str = "reasoner infer CONFIG") -> str:
+    """4/4: the trained weights back to an HF folder `reasoner infer` (or eval) reads."""
     back = [("--use-mcore-models", None), ("--model-type", "GPT"), ("--model-type-hf", "llama2"),
             ("--load-model-type", "mg"), ("--save-model-type", "hf"),
             ("--target-tensor-parallel-size", 1), ("--target-pipeline-parallel-size", 1),
-            ("--add-qkv-bias", None), ("--params-dtype", "bf16"),
+            ("--add-qkv-bias", None), ("--params-dtype", dtype),
             ("--load-dir", "${SAVE_DIR}"), ("--save-dir", "${HF_DIR}")]
-    return (_header("4/4 trained Megatron-mcore weights -> HF (written to ${HF_DIR}/mg2hf)", source)
-            + paths.env + _lines(["python", "convert_ckpt.py"], back)
-            + "# then, with reasoner: reasoner infer CONFIG model.name_or_path=${HF_DIR}/mg2hf\n")
+    return (header("4/4 trained Megatron-mcore weights -> HF (written to ${HF_DIR}/mg2hf)", source,
+                   checkout)
+            + where.env + command_lines(["python", "convert_ckpt.py"], back)
+            + f"# then, with reasoner: {then} model.name_or_path=${{HF_DIR}}/mg2hf\n")
 
 
 def prepare_data(cfg: SFTConfig, out: Path) -> dict[str, int]:
@@ -292,11 +312,12 @@ def prepare_data(cfg: SFTConfig, out: Path) -> dict[str, int]:
 
 
 def export(cfg: SFTConfig, source: str, out: Path, par: Parallel,
-           train_iters: int | None = None) -> list[Path]:
+           train_iters: int | None = None, shape: str | None = None) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in scripts(cfg, source, par, train_iters or cfg.run.max_steps).items():
+    for name, text in scripts(cfg, source, par, train_iters or cfg.run.max_steps,
+                              shape=shape).items():
         path = out / name
         path.write_text(text)
         path.chmod(0o755)

@@ -82,12 +82,19 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
     if layout == "mindspeed":
         if devices % (tp * pp):
             raise ConfigError(f"--devices {devices} is not a multiple of tp x pp = {tp * pp}")
-        parts = megatron_bytes(shape, devices, cfg.run.micro_batch * cfg.row_tokens, tp, pp,
-                               cfg.run.gradient_checkpointing)
+        offline = isinstance(cfg, OfflineConfig)  # PCL's fork: one unpacked sample per micro-batch
+        tokens = cfg.seq_len if offline else cfg.run.micro_batch * cfg.row_tokens
+        parts = megatron_bytes(shape, devices, tokens, tp, pp, cfg.run.gradient_checkpointing)
         need = 1.1 * sum(parts.values()) / GIB
-        return MemoryEstimate(name, cfg.__class__.__name__, model, devices,
-                              {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
-                              "fits" if need <= mem_gib else "does not fit: raise tp / pp")
+        estimate = MemoryEstimate(name, cfg.__class__.__name__, model, devices,
+                                  {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
+                                  "fits" if need <= mem_gib else "does not fit: raise tp / pp")
+        if offline:
+            estimate.notes.append(f"PCL's MindSpeed-LLM fork (--stage opg, `reasoner export "
+                                  f"mindspeed`): micro-batch 1, one sample of up to {tokens:,} "
+                                  "tokens; its --swap-optimizer moves optimizer state to host "
+                                  "memory, counted here as resident")
+        return estimate
     refused = _sequence_parallel_refused(shape, model, sp, devices)
     parts, vocab, scoring = _fsdp_parts(cfg, shape, devices, mem_gib, dtype_bytes, extra)
     mask = packed_mask_bytes(cfg.run.micro_batch, cfg.row_tokens, sp) if cfg.packing else 0

@@ -168,16 +168,17 @@ def test_flag_scanner_sees_every_flag():
 PINNED = REPO / "tests" / "fixtures" / "mindspeed" / "args-v2.2.0.json"
 
 
-def release_parser(program: str):
-    """argparse rebuilt from the flags MindSpeed-LLM v2.2.0 (+ Megatron core_v0.12.1) define
-    (scripts/extract_mindspeed_args.py): names, int / float types, choices, actions, nargs."""
+def release_parser(program: str, pinned: Path = PINNED):
+    """argparse rebuilt from the flags MindSpeed-LLM v2.2.0 (+ Megatron core_v0.12.1) define, or
+    those of another recorded release (scripts/extract_mindspeed_args.py): names, int / float
+    types, choices, actions, nargs."""
     import argparse
     import json
 
     parser = argparse.ArgumentParser(prog=program, add_help=False, allow_abbrev=False,
                                      exit_on_error=False)
     seen: set[str] = set()
-    for a in json.loads(PINNED.read_text())["programs"][program]:
+    for a in json.loads(pinned.read_text())["programs"][program]:
         flags = [f for f in a["flags"] if f not in seen]
         if not flags:
             continue

@@ -27,6 +27,25 @@ def test_pcl_on_64_devices_fits_every_stage_with_this_trainer(mem, kind):
     assert all(p.fits for p in plan.plan_recipe(PCL, 64, mem, kind, layout="mindspeed"))
 
 
+def test_the_mindspeed_layout_of_train_offline_is_the_forks_one_sample_micro_batch():
+    """`--layout mindspeed` for train-offline describes what `export mindspeed` writes for it:
+    PCL's fork with micro-batch 1 and one unpacked sample of up to seq_len tokens, whatever
+    the native micro-batch; SFT keeps micro_batch x row tokens."""
+    from reasoner.models.footprint import megatron_bytes
+    from reasoner.models.shapes import shape_of
+
+    over = ["train-offline.run.micro_batch=2", "sft.run.micro_batch=2"]
+    plans = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "910b", overrides=over,
+                                                 layout="mindspeed")}
+    shape = shape_of("Qwen/Qwen2.5-32B")
+    rl = megatron_bytes(shape, 64, 51_200, 8, 4, True)
+    sft = megatron_bytes(shape, 64, 2 * 32_768, 8, 4, True)
+    assert plans["train-offline"].parts == pytest.approx({k: v / 2**30 for k, v in rl.items()})
+    assert plans["sft"].parts == pytest.approx({k: v / 2**30 for k, v in sft.items()})
+    assert any("--stage opg" in n and "micro-batch 1" in n for n in plans["train-offline"].notes)
+    assert not plans["sft"].notes
+
+
 def test_without_sequence_parallelism_the_advice_names_it_and_nothing_already_on():
     """One process per row: train-offline's activations (59.6 GiB) do not shrink with the
     devices. The plan says which run.sequence_parallel fits, and never to turn on gradient

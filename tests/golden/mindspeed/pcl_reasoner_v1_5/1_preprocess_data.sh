@@ -11,12 +11,12 @@ SAVE_DIR=${SAVE_DIR:-mindspeed/checkpoints}
 DATA_PREFIX=${DATA_PREFIX:-mindspeed/data/sft}
 DATA_JSONL=${DATA_JSONL:-mindspeed/data/sft.jsonl}
 mkdir -p "$(dirname "${DATA_PREFIX}")"
-reasoner export mindspeed-data configs/pcl_reasoner_v1_5/sft.yaml model.name_or_path=${HF_DIR} --out ${DATA_JSONL}
+reasoner export mindspeed-data configs/pcl_reasoner_v1_5/sft.yaml model.name_or_path="${HF_DIR}" --out "${DATA_JSONL}"
 python preprocess_data.py \
-    --input ${DATA_JSONL} \
-    --tokenizer-name-or-path ${HF_DIR} \
+    --input "${DATA_JSONL}" \
+    --tokenizer-name-or-path "${HF_DIR}" \
     --tokenizer-type PretrainedFromHF \
-    --output-prefix ${DATA_PREFIX} \
+    --output-prefix "${DATA_PREFIX}" \
     --handler-name SharegptStyleInstructionHandler \
     --prompt-type qwen \
     --map-keys '{"messages": "messages", "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant", "system_tag": "system"}}' \

@@ -16,7 +16,7 @@ NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
 export CUDA_DEVICE_MAX_CONNECTIONS=1
-torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE_RANK} --master_addr ${MASTER_ADDR} --master_port ${MASTER_PORT} posttrain_gpt.py \
+torchrun --nproc_per_node "${NPUS_PER_NODE}" --nnodes "${NNODES}" --node_rank "${NODE_RANK}" --master_addr "${MASTER_ADDR}" --master_port "${MASTER_PORT}" posttrain_gpt.py \
     --use-mcore-models \
     --num-layers 64 \
     --hidden-size 5120 \
@@ -38,7 +38,7 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --hidden-dropout 0.0 \
     --untie-embeddings-and-output-weights \
     --tokenizer-type PretrainedFromHF \
-    --tokenizer-name-or-path ${HF_DIR} \
+    --tokenizer-name-or-path "${HF_DIR}" \
     --tensor-model-parallel-size 8 \
     --pipeline-model-parallel-size 4 \
     --sequence-parallel \
@@ -47,7 +47,7 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --max-position-embeddings 32768 \
     --micro-batch-size 1 \
     --global-batch-size 128 \
-    --train-iters ${TRAIN_ITERS} \
+    --train-iters "${TRAIN_ITERS}" \
     --lr 6e-05 \
     --min-lr 1e-07 \
     --lr-decay-style cosine \
@@ -72,10 +72,10 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --reset-position-ids \
     --neat-pack \
     --padded-samples \
-    --data-path ${DATA_PREFIX} \
+    --data-path "${DATA_PREFIX}" \
     --split 100,0,0 \
-    --load ${MCORE_DIR} \
-    --save ${SAVE_DIR} \
+    --load "${MCORE_DIR}" \
+    --save "${SAVE_DIR}" \
     --save-interval 200 \
     --no-load-optim \
     --no-load-rng \

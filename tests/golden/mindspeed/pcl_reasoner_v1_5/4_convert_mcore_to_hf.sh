@@ -18,6 +18,6 @@ python convert_ckpt.py \
     --target-pipeline-parallel-size 1 \
     --add-qkv-bias \
     --params-dtype bf16 \
-    --load-dir ${SAVE_DIR} \
-    --save-dir ${HF_DIR}
+    --load-dir "${SAVE_DIR}" \
+    --save-dir "${HF_DIR}"
 # then, with reasoner: reasoner infer CONFIG model.name_or_path=${HF_DIR}/mg2hf

@@ -18,6 +18,6 @@ python convert_ckpt.py \
     --target-pipeline-parallel-size 1 \
     --add-qkv-bias \
     --params-dtype bf16 \
-    --load-dir ${HF_DIR} \
-    --save-dir ${MCORE_DIR} \
-    --tokenizer-model ${HF_DIR}/tokenizer.json
+    --load-dir "${HF_DIR}" \
+    --save-dir "${MCORE_DIR}" \
+    --tokenizer-model "${HF_DIR}/tokenizer.json"

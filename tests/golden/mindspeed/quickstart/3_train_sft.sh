@@ -15,7 +15,7 @@ NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
 export CUDA_DEVICE_MAX_CONNECTIONS=1
-torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE_RANK} --master_addr ${MASTER_ADDR} --master_port ${MASTER_PORT} posttrain_gpt.py \
+torchrun --nproc_per_node "${NPUS_PER_NODE}" --nnodes "${NNODES}" --node_rank "${NODE_RANK}" --master_addr "${MASTER_ADDR}" --master_port "${MASTER_PORT}" posttrain_gpt.py \
     --use-mcore-models \
     --num-layers 4 \
     --hidden-size 128 \
@@ -36,7 +36,7 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --attention-dropout 0.0 \
     --hidden-dropout 0.0 \
     --tokenizer-type PretrainedFromHF \
-    --tokenizer-name-or-path ${HF_DIR} \
+    --tokenizer-name-or-path "${HF_DIR}" \
     --tensor-model-parallel-size 1 \
     --pipeline-model-parallel-size 1 \
     --use-distributed-optimizer \
@@ -44,7 +44,7 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --max-position-embeddings 256 \
     --micro-batch-size 8 \
     --global-batch-size 8 \
-    --train-iters ${TRAIN_ITERS} \
+    --train-iters "${TRAIN_ITERS}" \
     --lr 0.002 \
     --min-lr 0.0001 \
     --lr-decay-style cosine \
@@ -66,10 +66,10 @@ torchrun --nproc_per_node ${NPUS_PER_NODE} --nnodes ${NNODES} --node_rank ${NODE
     --reset-position-ids \
     --neat-pack \
     --padded-samples \
-    --data-path ${DATA_PREFIX} \
+    --data-path "${DATA_PREFIX}" \
     --split 100,0,0 \
-    --load ${MCORE_DIR} \
-    --save ${SAVE_DIR} \
+    --load "${MCORE_DIR}" \
+    --save "${SAVE_DIR}" \
     --save-interval 200 \
     --no-load-optim \
     --no-load-rng \
