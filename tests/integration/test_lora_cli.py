@@ -33,7 +33,9 @@ def offline_args(model_dir, verified, out, objective, *extra):
 
 
 OBJECTIVES = {
-    "pcl": "{name: pcl}",  # the reference is the base (adapters' B = 0 at the start)
+    "pcl": "{name: pcl}",
+    "dapo": "{name: dapo, kl_coef: 0.01}",  # the KL's reference is the base (B = 0 at start)
+    "oreal": "{name: oreal}",  # its token RM is a whole model beside the LoRA policy
     "prorl": "{name: prorl, kl_coef: 0.01, reset_every: 2}",  # a second adapter set, reset
     "discounted": "{name: discounted, kl_coef: 0.01, ref_update_every: 1}",  # ... averaged
 }
@@ -89,8 +91,9 @@ def test_lora_train_offline_on_two_processes_matches_one(tmp_path, tiny_model_di
     assert same(tmp_path / "one" / "final", two / "final", 1e-5)
     assert same(tmp_path / "one" / "final", two / "final", 1e-5,
                 "adapter/adapter_model.safetensors")
-    assert not (two / "checkpoint-3" / "aux").exists()  # no second model anywhere
-    moving = name != "pcl"
+    # no second policy model anywhere: only OREAL's token RM has shards of its own
+    assert (two / "checkpoint-3" / "aux").exists() == (name == "oreal")
+    moving = name in ("prorl", "discounted")
     assert (two / "checkpoint-3" / "reference-adapter").is_dir() == moving
     if moving:
         assert same(tmp_path / "one" / "checkpoint-3", two / "checkpoint-3", 1e-5,
