@@ -122,7 +122,7 @@ def test_final_is_the_merged_model_and_equals_base_plus_adapters(tmp_path, synth
         want, got = peft(x).logits, merged(x).logits
         moved = (want - tiny_model(tiny_model_dir)(x).logits).abs().max()
     assert moved > 1e-2  # the adapters learned something
-    assert (got - want).abs().max() < 1e-5  # fp32 (bf16 weights: ~1e-2, their rounding)
+    assert (got - want).abs().max() < 1e-5  # fp32 (a bf16 final/: 5.8e-3 here, docs/lora.md)
     # only the adapted layers changed
     changed = {k for k in plain if not torch.equal(plain[k], base_weights[k])}
     assert changed and all(k.split(".")[-2] in LoraSettings().target_modules for k in changed)
