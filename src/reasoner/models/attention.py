@@ -7,7 +7,9 @@ micro-batch are flattened into one row and the kernel finds the samples from the
 (varlen): no mask, no T x T scores. Elsewhere (sdpa, eager) no mask is passed either:
 transformers derives the block-diagonal causal mask from the restarting position ids, on the
 device, as the kernel wants it (a bool mask of ours was added to eager's scores as 0 / 1). A
-dense (1, 1, T, T) mask built on the host (1 GiB at 32K tokens) is never made.
+dense (1, 1, T, T) mask built on the host (1 GiB at 32K tokens) is never made. sdpa runs as
+`shared_mask.SHARED_MASK_SDPA` (not on NPU): the same kernel, with the additive form of the mask
+made once for every layer instead of once per layer.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from reasoner.device import flash_attention_available
 from reasoner.errors import ConfigError, DependencyError
-from reasoner.models import sequence_parallel
+from reasoner.models import sequence_parallel, shared_mask
 from reasoner.models.footprint import packed_mask_bytes
 from reasoner.models.sequence_parallel import SequenceGroup
 
@@ -68,8 +70,10 @@ def plan_attention(requested: str | None, device: torch.device, dtype: torch.dty
     if sp is not None and sp.on:
         return AttentionPlan(sequence_parallel.enable(sp, implementation), True, implementation,
                              warning)
-    return AttentionPlan(implementation, packing and implementation.startswith("flash_attention"),
-                         warning=warning)
+    varlen = packing and implementation.startswith("flash_attention")
+    if implementation == "sdpa" and device.type != "npu":  # (torch_npu wants a bool mask)
+        implementation = shared_mask.register()
+    return AttentionPlan(implementation, varlen, warning=warning)
 
 
 def _mask_warning(implementation: str, device: torch.device, micro_batch: int, row_tokens: int,

@@ -24,6 +24,7 @@ shards over every process.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +35,7 @@ from torch import Tensor
 from reasoner.data.packing import IGNORE
 from reasoner.device import DistInfo
 from reasoner.errors import ConfigError
+from reasoner.models.shared_mask import shared_mask_sdpa
 
 ULYSSES = "reasoner_ulysses"  # the attention implementation a sequence-parallel model runs
 _inner: dict[str, Any] = {}  # the group and the kernel the registered function calls
@@ -175,12 +177,22 @@ def _replicate_kv(x: Tensor, size: int) -> Tensor:
     return x.repeat_interleave(size // K, dim=1)
 
 
+_last_mask: dict[str, Any] = {}
+
+
 def _block_mask(cu: Tensor, T: int, device: torch.device) -> Tensor:
-    """(1, 1, T, T) bool: causal within each sequence of the row, nothing across them."""
+    """(1, 1, T, T) bool: causal within each sequence of the row, nothing across them. Built
+    once per micro-batch: every layer is handed the same `cu` object, and gets the same mask
+    (held weakly here; autograd keeps it while a backward needs it)."""
+    source, target = _last_mask.get("cu"), _last_mask.get("mask")
+    if source is not None and source() is cu and target is not None and target() is not None:
+        return target()
     seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device),
                                   (cu[1:] - cu[:-1]).to(device).long())  # (T,)
     pos = torch.arange(T, device=device)
-    return ((seq[:, None] == seq[None, :]) & (pos[:, None] >= pos[None, :]))[None, None]
+    mask = ((seq[:, None] == seq[None, :]) & (pos[:, None] >= pos[None, :]))[None, None]
+    _last_mask.update(cu=weakref.ref(cu), mask=weakref.ref(mask))
+    return mask
 
 
 def _eager(module: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scaling: float,
@@ -218,10 +230,8 @@ def ulysses_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                                                 scaling=scaling, **boundaries)
     else:
         mask = _block_mask(cu, q.shape[2], q.device)
-        if inner == "sdpa":
-            from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-            out, _ = sdpa_attention_forward(shim, q, k, v, mask, dropout=dropout, scaling=scaling)
+        if inner == "sdpa":  # one additive mask for every layer (models.shared_mask)
+            out, _ = shared_mask_sdpa(shim, q, k, v, mask, dropout=dropout, scaling=scaling)
         else:
             out = _eager(shim, q, k, v, mask, scaling, dropout)
     return heads_to_seq(out, sp), None

@@ -8,6 +8,7 @@ import torch
 from reasoner.errors import ConfigError, DependencyError
 from reasoner.models import attention
 from reasoner.models.attention import AttentionPlan, plan_attention
+from reasoner.models.shared_mask import SHARED_MASK_SDPA
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 NPU = SimpleNamespace(type="npu")  # torch knows "npu" only once torch_npu is imported
@@ -40,7 +41,9 @@ def test_never_flash_with_fp32(flash_installed):
     refused before any work (flash kernels compute in bf16 / fp16 only)."""
     for device in (CUDA, NPU):
         got = plan_attention(None, device, FP32, True)
-        assert (got.implementation, got.varlen) == ("sdpa", False) and got.warning
+        # sdpa with one additive mask for every layer; torch_npu's sdpa wants the bool mask
+        want = "sdpa" if device is NPU else SHARED_MASK_SDPA
+        assert (got.implementation, got.varlen) == (want, False) and got.warning
     with pytest.raises(ConfigError, match="computes in bf16 / fp16, but this run computes in "
                                           "float32: set model.dtype=bfloat16"):
         plan_attention("flash_attention_2", CUDA, FP32, True)
@@ -48,7 +51,7 @@ def test_never_flash_with_fp32(flash_installed):
 
 def test_without_flash_attn_sdpa_and_asking_for_it_names_the_extra(flash_absent):
     got = plan_attention(None, CUDA, BF16, True)
-    assert (got.implementation, got.varlen) == ("sdpa", False)
+    assert (got.implementation, got.varlen) == (SHARED_MASK_SDPA, False)
     with pytest.raises(DependencyError, match=r"pip install 'reasoner\[flash\]'"):
         plan_attention("flash_attention_2", CUDA, BF16, True)
 
@@ -73,7 +76,7 @@ def test_packed_rows_without_a_varlen_kernel_on_a_device_are_said_with_their_mas
 
 
 def test_cpu_runs_sdpa_or_what_is_asked_and_never_flat(flash_absent):
-    assert plan_attention(None, CPU, FP32, True) == AttentionPlan("sdpa", False)
+    assert plan_attention(None, CPU, FP32, True) == AttentionPlan(SHARED_MASK_SDPA, False)
     assert plan_attention("eager", CPU, BF16, True) == AttentionPlan("eager", False)
     with pytest.raises(ConfigError, match="runs on CUDA or Ascend devices, not cpu"):
         plan_attention("flash_attention_2", CPU, BF16, True)
