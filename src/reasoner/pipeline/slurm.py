@@ -101,7 +101,7 @@ def script_path(recipe: RecipeConfig, recipe_path: Path) -> Path:
 def _header(recipe: RecipeConfig, recipe_path: Path, alloc: Allocation, command: str) -> list[str]:
     run_dir = Path(recipe.run_dir).absolute()
     lines = ["#!/bin/bash",
-             f"#SBATCH --job-name=reasoner-{recipe_path.stem}",
+             f"#SBATCH --job-name=reasoner-{run_dir.name}",
              f"#SBATCH --nodes={alloc.nodes}",
              "#SBATCH --ntasks-per-node=1",
              "#SBATCH --exclusive"]
