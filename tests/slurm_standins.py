@@ -62,8 +62,10 @@ print("localhost")
 '''
 
 SINFO = r'''
-import os, sys
-print(os.environ.get("SINFO_GRES", "gpu:h100:8(S:0-1)"))
+import json, os, sys
+with open(os.environ["SLURM_STANDIN_LOG"], "a") as f:
+    f.write(json.dumps({"cmd": "sinfo", "args": sys.argv[1:]}) + "\n")
+print(os.environ["SINFO_GRES"])
 '''
 
 

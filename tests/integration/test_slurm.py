@@ -3,7 +3,8 @@ is run by stand-in `sbatch` / `srun` / `scontrol` commands (tests/slurm_standins
 one-node allocation of two processes, and must reach what `reasoner run` reaches: the same stage
 statuses and counts, the same weights (the trainers on two torchrun processes, within 1e-5).
 Submitted in two parts (the first `--until samples`), then once more: the second continues the
-first, the third finds everything finished and runs nothing."""
+first, the third finds everything finished and runs nothing. Last, the sampling stage again on
+Ray actors: a Ray cluster started on the allocation for it writes the same samples."""
 
 import json
 from pathlib import Path
@@ -86,6 +87,25 @@ def test_the_slurm_script_reaches_what_reasoner_run_reaches(tmp_path, monkeypatc
     assert "[run]" not in log and "[resume]" not in log
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
+    # sampling on Ray actors (`ray.workers`): a Ray cluster started on the allocation for the
+    # stage, joined through RAY_ADDRESS, taken down after it; the same samples as one process
+    ray = submit(monkeypatch, bin_dir, launched, "samples.ray.workers=2", "--only", "samples")
+    log = job_log(launched, ray)
+    assert "[rerun] samples: config changed" in log and "Connecting to existing Ray cluster" in log
+    assert list(launched.glob("ray-head-*.log"))
+    want, got = rows(plain / "samples"), rows(launched / "samples")
+    assert got.keys() == want.keys() and len(got) == states[0]["samples"]["metrics"]["samples"]
+    for key, row in want.items():
+        same = {"logprobs": None, "model": None}  # the model: each run folder's sft/final
+        assert {**got[key], **same} == {**row, **same}
+        assert got[key]["logprobs"] == pytest.approx(row["logprobs"], abs=1e-5)
+
+
+def rows(folder: Path) -> dict:
+    from reasoner import shards
+
+    return {(r["id"], r["sample_idx"]): r for r in shards.iter_rows(folder)}
+
 
 def counts(record: dict) -> tuple[dict, dict]:
     """A stage's numbers in pipeline.json (its headline's: samples, problems, verdicts, steps,
@@ -95,3 +115,43 @@ def counts(record: dict) -> tuple[dict, dict]:
             and "second" not in k and "per_s" not in k and k != "processes"}
     floats = {k: v for k, v in kept.items() if isinstance(v, float)}
     return floats, {k: v for k, v in kept.items() if k not in floats}
+
+
+def test_an_allocation_too_small_is_refused_before_submission(tmp_path, monkeypatch):
+    """The devices per node and their kind read from sinfo's GRES (h100: 80 GiB), the plan's
+    numbers in the refusal, and sbatch never called; 8 nodes pass and are submitted."""
+    bin_dir = tmp_path / "bin"
+    for key, value in install(bin_dir).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SINFO_GRES", "gpu:h100:8(S:0-1)")
+    pcl = REPO / "configs/pcl_reasoner_v1_5/recipe.yaml"
+    out = reasoner("run", pcl, f"run_dir={tmp_path / 'run'}", "--launcher", "slurm", "--nodes",
+                   "1", "--partition", "gpu", cwd=REPO)
+    assert out.returncode == 2
+    said = " ".join(out.stderr.split())
+    assert "the allocation (1 node(s) x 8 h100 x 80 GiB) cannot run this recipe" in said
+    assert "stage sft: needs 115.0 GiB per device on 8 devices, has 80.0" in said
+    assert "stage train-offline: needs 89.5 GiB per device on 8 devices, has 80.0" in said
+    assert calls(bin_dir) == [{"cmd": "sinfo", "args": ["--noheader", "--Node", "--format=%G",
+                                                        "--partition", "gpu"]}]  # no sbatch
+    assert not (tmp_path / "run" / "recipe.sbatch").exists()
+    out = reasoner("run", pcl, f"run_dir={tmp_path / 'run'}", "--launcher", "slurm", "--nodes",
+                   "8", "--partition", "gpu", "--print-only", cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    script = (tmp_path / "run" / "recipe.sbatch").read_text()
+    assert "#SBATCH --partition=gpu" in script and "#SBATCH --gpus-per-node=8" in script
+    assert not any(c["cmd"] == "sbatch" for c in calls(bin_dir))  # --print-only
+
+
+@pytest.mark.slow
+def test_every_node_checks_the_run_folder(tmp_path):
+    """The script's first step, `reasoner check-folder` under torchrun: two processes that see
+    the folder say so; the check itself (folders that differ) is tests/unit/test_device.py's."""
+    import subprocess
+
+    from tests_helpers import SUBPROCESS_ENV, reasoner_on_two_processes
+
+    done = subprocess.run(reasoner_on_two_processes("check-folder", tmp_path / "run"),
+                          capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"all 2 processes see {tmp_path / 'run'}" in " ".join(done.stdout.split())
