@@ -107,9 +107,11 @@ def test_the_slurm_script_reaches_what_reasoner_run_reaches(tmp_path, monkeypatc
     state["stages"]["compare"]["status"] = "running"
     (launched / "pipeline.json").write_text(json.dumps(state))
     mine = ("pipeline.json", "compare.yaml", "compare")  # what the resumed stage writes
-    before = {p: p.stat().st_mtime_ns for p in launched.rglob("*")
-              if p.suffix not in (".out", ".rc") and not set(mine) & {p.name, *p.parts}}
+    before = {p: p.stat().st_mtime_ns for p in launched.rglob("*") if p.is_file()
+              and p.suffix not in (".out", ".rc", ".sbatch") and not set(mine) & {p.name, *p.parts}}
+    script = (launched / "recipe.sbatch").read_text()
     third = submit(monkeypatch, bin_dir, recipe, launched)
+    assert (launched / "recipe.sbatch").read_text() == script  # written again, the same
     log = job_log(launched, third)
     assert all(f"[skip] {name}: finished with this config" in log
                for name in states[0] if name != "compare")
