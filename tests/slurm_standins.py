@@ -23,7 +23,8 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
 env = {**os.environ, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "localhost",
-       "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "MASTER_PORT": str(port)}
+       "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_CPUS_ON_NODE": "2",
+       "MASTER_PORT": str(port)}
 with open(out, "w") as log:
     done = subprocess.run(["bash", script], env=env, stdout=log, stderr=subprocess.STDOUT)
 open(out + ".rc", "w").write(str(done.returncode))

@@ -94,6 +94,9 @@ def test_the_slurm_script_reaches_what_reasoner_run_reaches(tmp_path, monkeypatc
 
     # how the stages ran: trainers under torchrun (2 processes), infer as node shards
     launches = [c for c in calls(bin_dir) if c["cmd"] == "srun"]
+    # one task per node with every CPU of the node (a step's task gets one CPU otherwise)
+    assert all(c["opts"]["--ntasks-per-node"] == "1" and c["opts"]["--cpus-per-task"] == "2"
+               for c in launches)
     trainers = [c["args"] for c in launches if "torch.distributed.run" in c["args"]]
     assert any("--nproc-per-node=1" in a and "check-folder" in a for a in trainers)
     for stage in ("sft", "train-offline"):
@@ -190,3 +193,17 @@ def test_every_node_checks_the_run_folder(tmp_path):
                           capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"all 2 processes see {tmp_path / 'run'}" in " ".join(done.stdout.split())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--launch", "bash x"], "--launch runs one stage under a prefix: give --only STAGE with it"),
+    (["--launcher", "slurm", "--from", "sft"], "--launcher slurm takes --until / --only"),
+    (["--launcher", "slurm", "--nodes", "1", "--kind", "gpu", "--devices-per-node", "8"],
+     "the memory of one gpu device is not known here: give --device-mem-gib"),
+    (["--launcher", "slurm", "--only", "sft", "--kind", "cpu", "--devices-per-node", "2"],
+     "--only sft: the stages before it are not finished with this recipe (data, tiny-init)"),
+])
+def test_launch_options_that_cannot_work_are_one_paragraph(tmp_path, args, message):
+    out = reasoner("run", QUICKSTART, f"run_dir={tmp_path / 'run'}", *args, cwd=REPO)
+    assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
+    assert not (tmp_path / "run" / "recipe.sbatch").exists()

@@ -33,8 +33,9 @@ from reasoner.pipeline.resolve import StageRun
 MODES = {"train": "train", "ray": "ray_stage", "shard": "shard"}  # placement -> script mode
 
 HELPERS = r"""
-on_every_node() {  # CMD...: CMD once on each node of the allocation
-    srun --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 "$@"
+on_every_node() {  # CMD...: CMD once on each node of the allocation, with all its CPUs
+    srun --nodes="$NNODES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
+        --kill-on-bad-exit=1 "$@"
 }
 
 torchrun_on_every_node() {  # PORT PROCS ARGS...: one torchrun per node, PROCS processes each
@@ -75,7 +76,8 @@ ray_stage() {  # K reasoner STAGE CONFIG: a Ray cluster on every node for the st
         sleep 1
     done
     if ((NNODES > 1)); then
-        srun --nodes=$((NNODES - 1)) --ntasks-per-node=1 --exclude="$MASTER_ADDR" --overlap \
+        srun --nodes=$((NNODES - 1)) --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
+            --exclude="$MASTER_ADDR" --overlap \
             "$PY" -m ray.scripts.scripts start --block --address="$head_ip:$port" \
             "${RAY_RESOURCES[@]}" &
         workers=$!
