@@ -59,6 +59,7 @@ app.add_typer(export_commands.export_app, name="export")
 app.add_typer(eval_commands.eval_app, name="eval")
 app.command("run")(recipe_commands.run_recipe)
 app.command("plan")(recipe_commands.plan_recipe)
+app.command("check-folder")(recipe_commands.check_folder)
 config_commands.config_app.command("show")(config_commands.config_show)
 app.add_typer(config_commands.config_app, name="config")
 

@@ -20,6 +20,14 @@ class Layout(str, Enum):
     mindspeed = "mindspeed"
 
 
+class Launcher(str, Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+NodeKind = Enum("NodeKind", {k: k for k in PEAK_TFLOPS}, type=str)  # --kind of a launch (cpu too)
+
+
 def run_recipe(
     recipe: Annotated[Path, typer.Argument(help="recipe YAML (stages, run_dir, rounds)",
                                            show_default=False)],
@@ -29,16 +37,53 @@ def run_recipe(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and commands only")] = False,
     no_plan: Annotated[bool, typer.Option(
         "--no-plan", help="run even if `reasoner plan` says a stage does not fit here")] = False,
+    only: Annotated[str | None, typer.Option(
+        "--only", help="run this one stage (skipped when finished, resumed when interrupted); "
+        "the stages before it must be finished")] = None,
+    launch: Annotated[str | None, typer.Option(
+        "--launch", help="with --only: the command prefix the stage runs under (what the Slurm "
+        "script passes: its srun + torchrun modes)")] = None,
+    launcher: Annotated[Launcher, typer.Option(
+        "--launcher", help="local: run here; slurm: write a batch script for the recipe into "
+        "RUN_DIR and submit it with sbatch (docs/run.md)")] = Launcher.local,
+    print_only: Annotated[bool, typer.Option(
+        "--print-only", help="--launcher slurm: write and print the script, do not submit")] = False,
+    nodes: Annotated[int, typer.Option("--nodes", help="--launcher slurm: nodes to ask for")] = 1,
+    per_node: Annotated[int | None, typer.Option(
+        "--devices-per-node", help="--launcher slurm: GPUs / NPUs of a node (processes per node "
+        "with --kind cpu); default: read from sinfo")] = None,
+    kind: Annotated[NodeKind | None, typer.Option(
+        "--kind", help="--launcher slurm: device kind of the nodes; default: read from sinfo")
+    ] = None,
+    mem: Annotated[float | None, typer.Option(
+        "--device-mem-gib", help="--launcher slurm: memory of one device; default: the kind's")
+    ] = None,
+    partition: Annotated[str | None, typer.Option(
+        "--partition", help="--launcher slurm: the Slurm partition (sbatch and sinfo)")] = None,
 ) -> None:
     """A whole recipe: every stage in order, skipping those finished with the same config.
 
     Overrides: recipe keys (run_dir=..., seed=1, rounds=2) or STAGE.key=value for one stage's
-    config (sft.optim.lr=1e-4). On a GPU / NPU machine the memory plan runs first.
+    config (sft.optim.lr=1e-4). On a GPU / NPU machine the memory plan runs first. With
+    `--launcher slurm` the recipe runs as one Slurm job on `--nodes` nodes instead.
     """
+    import shlex
+
     from reasoner.pipeline import plan
     from reasoner.pipeline import run as pipeline
     from reasoner.pipeline.recipe import load_recipe
 
+    if launch is not None and only is None:
+        fail("run", "--launch runs one stage under a prefix: give --only STAGE with it")
+    if Launcher(launcher) == Launcher.slurm:
+        if start is not None or dry_run or launch is not None:
+            fail("run", "--launcher slurm takes --until / --only, not --from, --dry-run or "
+                 "--launch (its script runs each stage as `reasoner run` decides; to rerun a "
+                 "finished stage, change its config or run `reasoner run --from` first)")
+        kind_name = NodeKind(kind).value if kind is not None else None
+        _launch_slurm(recipe, overrides or [], until, only, print_only,
+                      (nodes, per_node, kind_name, mem, partition))
+        return
     if not dry_run and not no_plan:
         try:
             bad = plan.check_before_run(recipe, overrides or [])
@@ -51,9 +96,8 @@ def run_recipe(
 
     def go() -> list:
         cfg = load_recipe(recipe, overrides or [])
-        return pipeline.run(cfg, recipe.parent, start, until, dry_run,
-                            echo=lambda line: logs().print(line, markup=False, highlight=False,
-                                                         soft_wrap=True))
+        return pipeline.run(cfg, recipe.parent, start, until, dry_run, echo=_echo, only=only,
+                            launch=shlex.split(launch) if launch else None)
 
     stages = run_stage("run", go)
     if dry_run:
@@ -66,6 +110,52 @@ def run_recipe(
     for s in stages:
         table.add_row(s.name, s.status, f"{s.seconds:.0f}s", s.artifact, s.headline)
     results().print(table)
+    done("run")
+
+
+def _echo(line: str) -> None:
+    logs().print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _launch_slurm(recipe: Path, overrides: list[str], until: str | None, only: str | None,
+                  print_only: bool, asked: tuple) -> None:
+    """Check the recipe against the allocation, write its batch script, submit it."""
+    import shlex
+
+    from reasoner.pipeline import cluster, slurm
+    from reasoner.pipeline import run as pipeline
+    from reasoner.pipeline.recipe import load_recipe
+
+    nodes, per_node, kind, mem, partition = asked
+
+    def write() -> tuple[Path, object]:
+        cfg = load_recipe(recipe, overrides)
+        alloc = cluster.allocation(nodes, per_node, kind, mem, partition)
+        _echo(f"[slurm] {alloc.describe()}; what the job will do now:")
+        stages = pipeline.run(cfg, recipe.parent, None, until, True, echo=_echo, only=only)
+        everything = pipeline.decide(pipeline.resolve(cfg, recipe.parent),
+                                     {"stages": {}}, None, only or until)
+        cluster.check(recipe, overrides, cfg, stages, alloc)
+        if partition:
+            cfg.cluster.sbatch = [f"--partition={partition}", *cfg.cluster.sbatch]
+        asked_for = [f"--nodes {nodes}"] + [f"{flag} {v}" for flag, v in (
+            ("--devices-per-node", per_node), ("--kind", kind), ("--device-mem-gib", mem),
+            ("--partition", partition), ("--until", until), ("--only", only)) if v is not None]
+        command = (f"reasoner run {shlex.join([str(recipe), *overrides])} --launcher slurm "
+                   + " ".join(asked_for))
+        chosen = [s for s in everything if only is None or s.name == only]
+        return slurm.write_script(cfg, recipe, overrides, chosen, alloc, command,
+                                  only or until), alloc
+
+    path, alloc = run_stage("run", write)
+    if print_only:
+        results().print(path.read_text(), markup=False, highlight=False, soft_wrap=True)
+        _echo(f"[slurm] written: {path}; submit it with: sbatch {path}")
+        done("run")
+        return
+    job = run_stage("run", lambda: slurm.submit(path))
+    _echo(f"[slurm] submitted job {job} ({alloc.describe()}): {path}; its log: "
+          f"{path.parent}/slurm-{job}.out")
     done("run")
 
 
@@ -117,3 +207,25 @@ def plan_recipe(
     done("plan")
     if not all(sp.fits for sp in plans):
         raise typer.Exit(1)
+
+
+def check_folder(
+    folder: Annotated[Path, typer.Argument(help="the run folder every node writes in",
+                                           show_default=False)],
+) -> None:
+    """Under torchrun, one process per node: stop unless every process sees FOLDER as rank 0
+    writes it (one shared file system). The Slurm script's first step."""
+    def check():
+        import torch
+
+        from reasoner import device as dev
+
+        cpu = torch.device("cpu")  # gloo: no device is needed to compare folders
+        dist = dev.init_distributed(cpu)
+        dev.check_same_folder(folder, dist, cpu)
+        return dist
+
+    dist = run_stage("check-folder", check)
+    if dist.is_main:
+        results().print(f"all {dist.world_size} processes see {folder}", markup=False,
+                        highlight=False, soft_wrap=True)

@@ -54,6 +54,40 @@ class StageSpec(Strict):
         return value
 
 
+class ClusterConfig(Strict):
+    """How `reasoner run --launcher slurm` runs the recipe on a cluster's nodes (docs/run.md)."""
+
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables of every process on every "
+        "node, e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA, HCCL_IF_IP, HCCL_CONNECT_TIMEOUT, "
+        "HCCL_OP_EXPANSION_MODE (HCCL_EXEC_TIMEOUT comes from each stage's run.dist_timeout_min)")
+    sbatch: list[str] = Field(
+        default_factory=list, description="extra sbatch options, one `#SBATCH` line each, e.g. "
+        "--partition=gpu, --time=2-00:00:00, --account=ml, --gres=npu:16")
+
+    @field_validator("env")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if name == "HCCL_EXEC_TIMEOUT":
+                raise ValueError("HCCL_EXEC_TIMEOUT is set for each training stage from its "
+                                 "run.dist_timeout_min; set that instead")
+        return value
+
+    @field_validator("sbatch")
+    @classmethod
+    def _options(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if not option.startswith("-") or "\n" in option:
+                raise ValueError(f"{option!r}: each entry is one sbatch option, e.g. "
+                                 "--partition=gpu")
+        return value
+
+
 class RecipeConfig(Strict):
     """`reasoner run`: a whole recipe, stage after stage, skipping finished ones."""
 
@@ -70,6 +104,9 @@ class RecipeConfig(Strict):
     rounds: int = Field(1, ge=1, description="repeat the `repeat: true` block (infer -> verify -> "
                         "train-offline [-> eval]) from the newest checkpoint")
     stages: list[StageSpec] = Field(..., min_length=1, description="the stages, in order")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig,
+                                   description="`--launcher slurm`: per-node environment, sbatch "
+                                   "options")
 
 
 def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:

@@ -95,9 +95,12 @@ def decide(stages: list[StageRun], state: dict, start: str | None, until: str | 
 # Running
 
 
-def command_line(stage: StageRun, config_path: Path | None = None) -> list[str]:
-    """The shell command that runs this stage by hand (what --dry-run prints)."""
-    launcher = shlex.split(stage.spec.launcher) if stage.spec.launcher else []
+def command_line(stage: StageRun, config_path: Path | None = None,
+                 launch: list[str] | None = None) -> list[str]:
+    """The shell command that runs this stage by hand (what --dry-run prints); `launch`: a
+    prefix that replaces the stage's own `launcher:` (the Slurm script's, run.py --launch)."""
+    launcher = launch if launch is not None else (
+        shlex.split(stage.spec.launcher) if stage.spec.launcher else [])
     if stage.command == "compare":
         return [*launcher, "reasoner", "eval", "compare", *stage.config["reports"],
                 "--out", str(stage.out)]
@@ -158,8 +161,15 @@ def own_process(stage: StageRun) -> bool:
     return bool(stage.spec.launcher) or uses_vllm(stage) or uses_accelerator(stage)
 
 
-def _execute(stage: StageRun, config_path: Path) -> None:
-    """Run a stage: in this process, or in its own (`own_process`)."""
+def _execute(stage: StageRun, config_path: Path, launch: list[str] | None = None) -> None:
+    """Run a stage: in this process, or in its own (`own_process`), or under `launch`, which is
+    given the stage's command line (`reasoner <command> CONFIG`) to run."""
+    if launch:
+        result = subprocess.run(command_line(stage, config_path, launch), check=False)
+        if result.returncode != 0:
+            raise StageFailed(f"stage {stage.name} failed (exit {result.returncode}) under "
+                              f"{shlex.join(launch)}; resubmit to resume it")
+        return
     if own_process(stage):
         cmd = command_line(stage, config_path)
         if not stage.spec.launcher:  # this interpreter, whatever `reasoner` on PATH is
@@ -206,12 +216,29 @@ def time_left(stages: list[StageRun], done: StageRun, min_seconds: float = 10.0)
             f"(this machine: {factor:.2f}x the reference's stage times)")
 
 
+def only_stage(stages: list[StageRun], name: str) -> list[StageRun]:
+    """`--only NAME`: that one stage, decided as the whole recipe would decide it; every stage
+    before it must be finished with this recipe (the Slurm script runs the stages one by one)."""
+    unfinished = [s.name for s in stages[:-1] if s.status != "skip"]
+    if unfinished:
+        raise ConfigError(f"--only {name}: the stages before it are not finished with this "
+                          f"recipe ({', '.join(unfinished)}); run them first")
+    return stages[-1:]
+
+
 def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str | None = None,
-        dry_run: bool = False, echo=print) -> list[StageRun]:
-    """Run (or, with dry_run, only resolve and print) the recipe; return its stages with status and numbers."""
+        dry_run: bool = False, echo=print, only: str | None = None,
+        launch: list[str] | None = None) -> list[StageRun]:
+    """Run (or, with dry_run, only resolve and print) the recipe; return its stages with status
+    and numbers. `only`: just that stage (the others before it finished); `launch`: the prefix
+    the stages that run are started under (the Slurm script's srun + torchrun)."""
+    if only is not None and (start is not None or until is not None):
+        raise ConfigError("--only runs one stage: drop --from / --until")
     run_dir = Path(recipe.run_dir)
-    stages = decide(resolve(recipe, base), _read_state(run_dir), start, until)
+    stages = decide(resolve(recipe, base), _read_state(run_dir), start, only or until)
     inputs.check(stages, run_dir)  # dry run or not: a missing input stops before any stage
+    if only is not None:
+        stages = only_stage(stages, only)
     if dry_run:
         for s in stages:
             echo(f"{s.status:>6}  {s.name:<16} {s.reason:<28} {shlex.join(command_line(s))}")
@@ -236,7 +263,7 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
                                    "command": s.command}
         _save_state(run_dir, state)
         started = time.perf_counter()
-        _execute(s, path)
+        _execute(s, path, launch)
         s.seconds = time.perf_counter() - started
         line = time_left(stages, s)
         if line:

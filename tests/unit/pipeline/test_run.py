@@ -1,5 +1,7 @@
 """`reasoner run`'s decisions: which stages skip, run, rerun or resume, and why."""
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,39 @@ def test_a_stage_served_by_a_server_stays_here_and_is_not_planned(monkeypatch):
     assert not pipeline.own_process(stages["samples"]) and pipeline.own_process(stages["rl"])
     names = [p.name for p in plan.plan_recipe(base / "recipe.yaml", 1, 24.0, overrides=served)]
     assert "samples" not in names and "rl" in names
+
+
+def test_only_runs_one_stage_under_its_launch_prefix(monkeypatch, tmp_path):
+    """`reasoner run --only NAME --launch PREFIX` (what the Slurm script calls per stage): that
+    stage alone, decided as the whole recipe decides it, run as PREFIX + its command line; the
+    stages before it must be finished."""
+    import subprocess
+
+    base = Path(__file__).parents[3] / "configs" / "quickstart"
+    recipe = load_recipe(base / "recipe.yaml", [f"run_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"--only sft: the stages before it are not finished "
+                       r"with this recipe \(data, tiny-init\); run them first"):
+        pipeline.run(recipe, base, only="sft", echo=lambda _: None)
+    with pytest.raises(ConfigError, match="--only runs one stage"):
+        pipeline.run(recipe, base, until="sft", only="sft", echo=lambda _: None)
+    plan = pipeline.run(recipe, base, only="data", dry_run=True, echo=lambda _: None)
+    assert [(s.name, s.status) for s in plan] == [("data", "run")]
+
+    stages = {s.name: s for s in pipeline.resolve(recipe, base)}
+    state = {"stages": {n: {"chain": stages[n].chain, "digest": stages[n].digest,
+                            "status": "done"} for n in ("data", "tiny-init")}}
+    for n in ("data", "tiny-init"):
+        stages[n].out.mkdir()
+    (tmp_path / "pipeline.json").write_text(json.dumps(state))
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setitem(pipeline.STAGES, "sft", dataclasses.replace(  # no sft/ to read
+        pipeline.STAGES["sft"], headline=lambda out: ("", {})))
+    ran = pipeline.run(recipe, base, only="sft", launch=["bash", "job.sbatch", "train", "3"],
+                       echo=lambda _: None)
+    assert [(s.name, s.status) for s in ran] == [("sft", "run")]
+    assert calls == [["bash", "job.sbatch", "train", "3", "reasoner", "sft",
+                      str(tmp_path / "configs" / "sft.yaml")]]
+    assert json.loads((tmp_path / "pipeline.json").read_text())["stages"][
+        "sft"]["status"] == "done"
