@@ -66,7 +66,8 @@ def plan_attention(requested: str | None, device: torch.device, dtype: torch.dty
     warning = ""
     if packing and device.type in ("cuda", "npu") and not implementation.startswith("flash"):
         warning = _mask_warning(implementation, device, micro_batch, row_tokens,
-                                sp.size if sp is not None and sp.on else 1)
+                                sp.size if sp is not None and sp.on else 1,
+                                torch.empty((), dtype=dtype).element_size())
     if sp is not None and sp.on:
         return AttentionPlan(sequence_parallel.enable(sp, implementation), True, implementation,
                              warning)
@@ -77,14 +78,17 @@ def plan_attention(requested: str | None, device: torch.device, dtype: torch.dty
 
 
 def _mask_warning(implementation: str, device: torch.device, micro_batch: int, row_tokens: int,
-                  sp: int) -> str:
-    """What packed rows cost without a varlen kernel, in the plan's words."""
-    gib = packed_mask_bytes(micro_batch, row_tokens, sp) / 2**30
+                  sp: int, dtype_bytes: int = 2) -> str:
+    """What packed rows cost without a varlen kernel, in the plan's words: the bool mask and,
+    except on NPU, its additive form in the compute dtype."""
+    additive = 0 if device.type == "npu" else dtype_bytes
+    gib = packed_mask_bytes(micro_batch, row_tokens, sp, additive) / 2**30
     fix = ("pip install 'reasoner[flash]' and leave model.attn_implementation out"
            if device.type == "cuda" else "leave model.attn_implementation out (flash_attention_2 "
            "runs torch_npu's fused attention)")
     return (f"warning: packed rows under {implementation} on {device.type}: no varlen kernel, so "
-            f"each micro-batch builds a T x T block mask on the device ({gib:.2f} GiB at "
+            f"each micro-batch builds a T x T block mask on the device ({gib:.2f} GiB"
+            f"{' with its additive form' if additive else ''} at "
             f"{micro_batch} x {row_tokens:,} tokens, the plan's 'packed-row mask' term) and the "
             f"masked kernel computes every block of the T x T scores; {fix}")
 

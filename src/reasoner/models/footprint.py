@@ -79,14 +79,18 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
     return out
 
 
-def packed_mask_bytes(micro_batch: int, row_tokens: int, sequence_parallel: int = 1) -> int:
-    """Bytes of the bool block-diagonal mask that packed rows need under sdpa or eager (no
-    varlen kernel): (rows, 1, T, T) per micro-batch, built on the device; under sequence
-    parallelism the micro-batch's rows are one flat row whose whole length every process
-    attends over."""
+def packed_mask_bytes(micro_batch: int, row_tokens: int, sequence_parallel: int = 1,
+                      additive_bytes: int = 0) -> int:
+    """Bytes of the block-diagonal mask that packed rows need under sdpa or eager (no varlen
+    kernel): the bool (rows, 1, T, T) per micro-batch, built on the device, plus its additive
+    form in the compute dtype (`additive_bytes` per element; models.shared_mask makes it once
+    for every layer; 0 on NPU, which takes the bool mask); under sequence parallelism the
+    micro-batch's rows are one flat row whose whole length every process attends over."""
     if sequence_parallel > 1:
-        return (micro_batch * row_tokens) ** 2
-    return micro_batch * row_tokens ** 2
+        elements = (micro_batch * row_tokens) ** 2
+    else:
+        elements = micro_batch * row_tokens ** 2
+    return (1 + additive_bytes) * elements
 
 
 def scoring_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, logprob_chunk: int,
@@ -121,14 +125,17 @@ def megatron_bytes(s: Shape, devices: int, tokens: int, tp: int, pp: int, checkp
 
 def host_peak_gib(model: str | Path, processes: int, seq_len: int, micro_batch: int = 1,
                   gradient_checkpointing: bool = True, disk_bytes: int = 4,
-                  sequence_parallel: int = 1, logprob_chunk: int = 4096, adapters: int = 0
-                  ) -> float:
+                  sequence_parallel: int = 1, logprob_chunk: int = 4096, adapters: int = 0,
+                  packed: bool = True) -> float:
     """Predicted peak RSS (GiB) of each process of a CPU `reasoner sft` run in fp32: the
-    training peak, or the load peak when higher (one process: the model plus the checkpoint
-    file's pages; sharded: each process's rows of both). `adapters`: LoRA's parameter count."""
+    training peak (with the packed rows' mask: CPU has no varlen kernel), or the load peak when
+    higher (one process: the model plus the checkpoint file's pages; sharded: each process's
+    rows of both). `adapters`: LoRA's parameter count."""
     s = shape_of(str(model))
     tokens = -(-seq_len * micro_batch // sequence_parallel)
     train = sum(training_bytes(s, processes, tokens, 4, gradient_checkpointing,
                                logprob_chunk, adapters=adapters).values())
+    if packed:
+        train += packed_mask_bytes(micro_batch, seq_len, sequence_parallel, 4)
     load = (4 + disk_bytes) * s.params / processes
     return CPU_BASELINE_GIB + max(train, load) / GIB

@@ -183,15 +183,17 @@ _last_mask: dict[str, Any] = {}
 def _block_mask(cu: Tensor, T: int, device: torch.device) -> Tensor:
     """(1, 1, T, T) bool: causal within each sequence of the row, nothing across them. Built
     once per micro-batch: every layer is handed the same `cu` object, and gets the same mask
-    (held weakly here; autograd keeps it while a backward needs it)."""
-    source, target = _last_mask.get("cu"), _last_mask.get("mask")
-    if source is not None and source() is cu and target is not None and target() is not None:
-        return target()
+    (held until the next micro-batch's replaces it, so that its additive form is made once
+    too: models.shared_mask)."""
+    source = _last_mask.get("cu")
+    if source is not None and source() is cu:
+        return _last_mask["mask"]
+    _last_mask.clear()
     seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device),
                                   (cu[1:] - cu[:-1]).to(device).long())  # (T,)
     pos = torch.arange(T, device=device)
     mask = ((seq[:, None] == seq[None, :]) & (pos[:, None] >= pos[None, :]))[None, None]
-    _last_mask.update(cu=weakref.ref(cu), mask=weakref.ref(mask))
+    _last_mask.update(cu=weakref.ref(cu), mask=mask)
     return mask
 
 

@@ -25,21 +25,22 @@ from torch import Tensor
 
 SHARED_MASK_SDPA = "sdpa_shared_mask"
 
-# The last conversion: (the bool mask it came from, the dtype) -> its additive mask, held weakly
-# (autograd holds it for as long as a backward needs it; nothing else keeps it alive).
+# The last conversion: the bool mask it came from (held weakly), the dtype, and the additive
+# mask (held until the next conversion replaces it: under no_grad nothing else would keep it
+# between layers).
 _last: dict[str, Any] = {}
 
 
 def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """`mask` (bool) as sdpa's additive mask in `dtype`, converted once: a second call with the
-    same mask object and dtype returns the same tensor while it is alive."""
-    source, target = _last.get("source"), _last.get("target")
-    if (source is not None and source() is mask and _last.get("dtype") == dtype
-            and target is not None and target() is not None):
-        return target()
+    same mask object and dtype returns the same tensor."""
+    source = _last.get("source")
+    if source is not None and source() is mask and _last.get("dtype") == dtype:
+        return _last["target"]
+    _last.clear()  # the last one's memory goes before this one's is taken
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     out.masked_fill_(mask.logical_not(), float("-inf"))
-    _last.update(source=weakref.ref(mask), target=weakref.ref(out), dtype=dtype)
+    _last.update(source=weakref.ref(mask), target=out, dtype=dtype)
     return out
 
 

@@ -97,8 +97,10 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
         return estimate
     refused = _sequence_parallel_refused(shape, model, sp, devices)
     parts, vocab, scoring = _fsdp_parts(cfg, shape, devices, mem_gib, dtype_bytes, extra)
-    mask = packed_mask_bytes(cfg.run.micro_batch, cfg.row_tokens, sp) if cfg.packing else 0
-    masked = kind != "cpu" and cfg.model.attn_implementation in ("sdpa", "eager")
+    additive = 0 if kind in NPU_KINDS else dtype_bytes  # torch_npu takes the bool mask as is
+    mask = packed_mask_bytes(cfg.run.micro_batch, cfg.row_tokens, sp, additive) \
+        if cfg.packing else 0
+    masked = kind == "cpu" or cfg.model.attn_implementation in ("sdpa", "eager")
     if mask and masked:  # no varlen kernel: the block mask of every micro-batch (attention.py)
         parts["packed-row mask (T x T)"] = mask
     scoring = scoring if scores else 0.0

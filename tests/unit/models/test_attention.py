@@ -59,15 +59,17 @@ def test_without_flash_attn_sdpa_and_asking_for_it_names_the_extra(flash_absent)
 def test_packed_rows_without_a_varlen_kernel_on_a_device_are_said_with_their_mask_bytes(
         flash_absent, capsys):
     """PCL's 51,200-token rows under sdpa on a GPU without flash-attn: a (1, 1, T, T) bool mask
-    of 2.44 GiB per micro-batch, said at the start with the fix. Sequence parallelism flattens
-    the micro-batch (2 rows of 32K: one (64K)^2-byte mask, 4 GiB, not 2 x 1 GiB). Padded rows, varlen kernels and the CPU
+    of 2.44 GiB per micro-batch and its bf16 additive form (4.88 GiB), said at the start with
+    the fix; on NPU the bool mask only. Sequence parallelism flattens the micro-batch (2 rows of
+    32K: one (64K)^2-byte mask, 4 GiB, not 2 x 1 GiB). Padded rows, varlen kernels and the CPU
     are not warned about."""
     got = plan_attention(None, CUDA, BF16, True, micro_batch=1, row_tokens=51_200)
-    assert "2.44 GiB at 1 x 51,200 tokens" in got.warning
+    assert "7.32 GiB with its additive form at 1 x 51,200 tokens" in got.warning
     assert "pip install 'reasoner[flash]'" in got.warning
     npu = plan_attention("sdpa", NPU, BF16, True, micro_batch=2, row_tokens=32_768)
-    assert "2.00 GiB at 2 x 32,768 tokens" in npu.warning and "torch_npu" in npu.warning
-    assert attention._mask_warning("sdpa", CUDA, 2, 32_768, sp=2).count("4.00 GiB") == 1
+    assert "2.00 GiB at 2 x 32,768 tokens" in npu.warning
+    assert "torch_npu" in npu.warning
+    assert attention._mask_warning("sdpa", NPU, 2, 32_768, sp=2).count("4.00 GiB") == 1
     attention.warn(got, is_main=True)
     attention.warn(got, is_main=False)
     assert capsys.readouterr().err.count("no varlen kernel") == 1
