@@ -55,10 +55,13 @@ class Adapters:
     def of(settings: LoraSettings | None, source: str | Path, seed: int,
            sets: tuple[str, ...] = (TRAINED,)) -> Adapters | None:
         """The adapters of a model loaded from `source`: a checkpoint of a LoRA run holds them
-        (its base is the configured model), any other folder gets fresh ones."""
+        (its base is the configured model), any other folder gets fresh ones: a LoRA run's
+        `final/` too, whose weights are already merged (its `adapter/` is for PEFT users)."""
         if settings is None:
             return None
-        saved = Path(source) if (Path(source) / ADAPTER_DIR).is_dir() else None
+        folder = Path(source)
+        resumable = (folder / ADAPTER_DIR).is_dir() and (folder / "trainer_state.pt").exists()
+        saved = folder if resumable else None
         return Adapters(settings, sets, saved, seed)
 
     def values(self, shapes: dict[str, torch.Size]) -> dict[str, Tensor]:

@@ -123,6 +123,10 @@ def test_final_is_the_merged_model_and_equals_base_plus_adapters(tmp_path, synth
         moved = (want - tiny_model(tiny_model_dir)(x).logits).abs().max()
     assert moved > 1e-2  # the adapters learned something
     assert (got - want).abs().max() < 1e-5  # fp32 (a bf16 final/: 5.8e-3 here, docs/lora.md)
+    # a LoRA run's final/ is a merged model: a next stage starts fresh adapters on it, never
+    # applies these again; a checkpoint's adapters are resumed from
+    assert lora.Adapters.of(LoraSettings(), final, 0).saved is None
+    assert lora.Adapters.of(LoraSettings(), out / "checkpoint-3", 0).saved == out / "checkpoint-3"
     # only the adapted layers changed
     changed = {k for k in plain if not torch.equal(plain[k], base_weights[k])}
     assert changed and all(k.split(".")[-2] in LoraSettings().target_modules for k in changed)
