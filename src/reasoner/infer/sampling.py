@@ -1,0 +1,86 @@
+"""Inverse-CDF sampling of a batch of rows, each from its own stream of uniforms.
+
+Row b takes the first token (in vocabulary order) whose cumulative probability exceeds
+uniforms[b] times the total, under temperature / top-k / top-p (`base.transform_logits`). With
+top-k the few candidates are all that carry probability, so the float64 CDF is summed over them
+only, kept in vocabulary order: a token that is not a candidate adds exactly 0.0 to the
+whole-vocabulary CDF, so the sums at the candidates, and so the token a uniform picks, are the
+same numbers (tested bit for bit against `sample_full`). The log-probs are the same float32
+log-softmax over the whole (masked) vocabulary as before, so recorded log-probs do not move.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reasoner.config import SamplingConfig
+from reasoner.infer.base import transform_logits
+
+FEW = 1024  # top-k up to this samples over its candidates; a larger one over the vocabulary
+
+
+def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
+                sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen ids, their log-probs), both (B,), for (B, V) `logits` and (B,) uniforms in [0, 1).
+    Removed tokens have probability 0 and are never picked."""
+    if sampling.temperature == 0:  # greedy: the first maximum, a point mass (log-prob 0)
+        chosen = logits.argmax(-1)  # (B,)
+        return chosen, torch.zeros(len(chosen), device=logits.device)
+    if not 0 < sampling.top_k <= min(FEW, logits.shape[-1] - 1):
+        return sample_full(logits, uniforms, sampling)
+    found = candidates(logits, sampling)
+    if found is None:  # a tie straddles the top-p cut: only the full sort orders it as before
+        return sample_full(logits, uniforms, sampling)
+    x, ids, keep = found  # (B, V) scaled logits, (B, m) candidate ids in vocabulary order, kept
+    masked = x.masked_fill(~torch.zeros_like(x, dtype=torch.bool).scatter_(-1, ids, keep),
+                           float("-inf"))  # (B, V): what transform_logits returns
+    logp = masked.log_softmax(-1)  # (B, V) float32, as before: the recorded log-probs
+    cand = logp.gather(-1, ids)  # (B, m)
+    cdf = cand.double().exp().cumsum(-1)  # (B, m): the full CDF's values at the candidates
+    target = uniforms.to(cdf.device, torch.float64) * cdf[:, -1]  # (B,)
+    at = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=ids.shape[-1] - 1)
+    return ids.gather(-1, at)[:, 0], cand.gather(-1, at)[:, 0]
+
+
+def candidates(logits: torch.Tensor, sampling: SamplingConfig
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """((B, V) logits / temperature, (B, m) ids of the top-k candidates in vocabulary order,
+    (B, m) which of them top-k and top-p keep), decided exactly as `transform_logits` decides;
+    None when a run of equal logits is cut by top-p (its order came from an unstable sort)."""
+    x = logits.float() / sampling.temperature  # (B, V)
+    vals, ids = x.topk(sampling.top_k, dim=-1)  # (B, k), descending
+    kth = vals[:, -1:]  # (B, 1)
+    ties = int((x >= kth).sum(-1).max())  # top-k keeps every token equal to the k-th too
+    if ties > sampling.top_k:
+        vals, ids = x.topk(ties, dim=-1)  # (B, m)
+    keep = vals >= kth  # (B, m), descending order
+    if sampling.top_p < 1.0:
+        # transform_logits sorts the whole masked row; its first m entries are `vals` (kept) and
+        # the rest -inf, so the same (B, V) row gives the same float32 softmax and prefix sums
+        row = torch.full_like(x, float("-inf"))
+        row[:, :vals.shape[-1]] = vals.masked_fill(~keep, float("-inf"))
+        probs = row.softmax(-1)[:, :vals.shape[-1]]  # (B, m)
+        drop = (probs.cumsum(-1) - probs >= sampling.top_p) & keep  # (B, m)
+        cut = drop[:, 1:] & ~drop[:, :-1]  # (B, m - 1): the first dropped, after a kept one
+        if bool((cut & (vals[:, 1:] == vals[:, :-1])).any()):
+            return None
+        keep = keep & ~drop
+    order = ids.argsort(-1)  # (B, m) to vocabulary order
+    return x, ids.gather(-1, order), keep.gather(-1, order)
+
+
+def sample_full(logits: torch.Tensor, uniforms: torch.Tensor,
+                sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_rows` over the whole vocabulary: a float64 CDF of (B, V) (top-k off or large)."""
+    logp = transform_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p
+                            ).log_softmax(-1)  # (B, V)
+    cdf = logp.double().exp().cumsum(-1)  # (B, V); float64: a 150k vocabulary sums exactly enough
+    target = uniforms.to(cdf.device, torch.float64) * cdf[:, -1]  # (B,)
+    chosen = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]  # (B,)
+    chosen = chosen.clamp_(max=logits.shape[-1] - 1)
+    return chosen, logp.gather(-1, chosen[:, None])[:, 0]
+
+
+def uniform_stream(seed: int, length: int) -> torch.Tensor:
+    """(length,) float64 uniforms in [0, 1) of one request, from its own seed."""
+    return torch.rand(length, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
