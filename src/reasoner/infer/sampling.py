@@ -28,10 +28,7 @@ def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
         return chosen, torch.zeros(len(chosen), device=logits.device)
     if not 0 < sampling.top_k <= min(FEW, logits.shape[-1] - 1):
         return sample_full(logits, uniforms, sampling)
-    found = candidates(logits, sampling)
-    if found is None:  # a tie straddles the top-p cut: only the full sort orders it as before
-        return sample_full(logits, uniforms, sampling)
-    x, ids, keep = found  # (B, V) scaled logits, (B, m) candidate ids in vocabulary order, kept
+    x, ids, keep = candidates(logits, sampling)  # (B, V) / temperature; (B, m) in vocab order
     masked = x.masked_fill(~torch.zeros_like(x, dtype=torch.bool).scatter_(-1, ids, keep),
                            float("-inf"))  # (B, V): what transform_logits returns
     logp = masked.log_softmax(-1)  # (B, V) float32, as before: the recorded log-probs
@@ -43,30 +40,32 @@ def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
 
 
 def candidates(logits: torch.Tensor, sampling: SamplingConfig
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """((B, V) logits / temperature, (B, m) ids of the top-k candidates in vocabulary order,
-    (B, m) which of them top-k and top-p keep), decided exactly as `transform_logits` decides;
-    None when a run of equal logits is cut by top-p (its order came from an unstable sort)."""
+    (B, m) which of them top-k and top-p keep), decided exactly as `transform_logits` decides
+    (equal logits ordered by token id, as its stable sort orders them)."""
     x = logits.float() / sampling.temperature  # (B, V)
     vals, ids = x.topk(sampling.top_k, dim=-1)  # (B, k), descending
     kth = vals[:, -1:]  # (B, 1)
     ties = int((x >= kth).sum(-1).max())  # top-k keeps every token equal to the k-th too
     if ties > sampling.top_k:
         vals, ids = x.topk(ties, dim=-1)  # (B, m)
-    keep = vals >= kth  # (B, m), descending order
+    order = ids.argsort(-1)  # (B, m) to vocabulary order
+    vals, ids = vals.gather(-1, order), ids.gather(-1, order)
+    if sampling.top_p < 1.0:
+        down = torch.sort(vals, dim=-1, descending=True, stable=True).indices  # (B, m): ties by token id
+        vals, ids = vals.gather(-1, down), ids.gather(-1, down)
+    keep = vals >= kth  # (B, m)
     if sampling.top_p < 1.0:
         # transform_logits sorts the whole masked row; its first m entries are `vals` (kept) and
         # the rest -inf, so the same (B, V) row gives the same float32 softmax and prefix sums
         row = torch.full_like(x, float("-inf"))
         row[:, :vals.shape[-1]] = vals.masked_fill(~keep, float("-inf"))
         probs = row.softmax(-1)[:, :vals.shape[-1]]  # (B, m)
-        drop = (probs.cumsum(-1) - probs >= sampling.top_p) & keep  # (B, m)
-        cut = drop[:, 1:] & ~drop[:, :-1]  # (B, m - 1): the first dropped, after a kept one
-        if bool((cut & (vals[:, 1:] == vals[:, :-1])).any()):
-            return None
-        keep = keep & ~drop
-    order = ids.argsort(-1)  # (B, m) to vocabulary order
-    return x, ids.gather(-1, order), keep.gather(-1, order)
+        keep = keep & (probs.cumsum(-1) - probs < sampling.top_p)  # (B, m)
+        order = ids.argsort(-1)  # (B, m) back to vocabulary order
+        ids, keep = ids.gather(-1, order), keep.gather(-1, order)
+    return x, ids, keep
 
 
 def sample_full(logits: torch.Tensor, uniforms: torch.Tensor,
