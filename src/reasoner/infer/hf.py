@@ -1,13 +1,13 @@
-"""`hf` backend: a transformers model decoded in batches with a KV cache, on CPU or GPU.
+"""`hf` backend: a transformers model decoded in a continuous batch with a KV cache, CPU or GPU.
 
 Why not `generate`: a padded batch runs until its longest row ends, so with a long tail most
 row-steps compute rows that have already stopped (62% of them on the quickstart's eval); and
 per-row seeded sampling inside a logits processor costs one `multinomial` call per row per
-step. Here a row that stops leaves the batch (its slice of the KV cache is dropped), and every
+step. Here (`infer.decode`) a row that stops is refilled with a waiting request, and every
 row samples by inverse CDF from a stream of uniforms drawn once from its own seed
-(run seed, id, sample_idx). A sample therefore does not depend on which other samples share
-its batch, and the log-prob of every picked token, under the distribution it was sampled from,
-is recorded on the way.
+(run seed, id, sample_idx), over the top-k candidates only (`infer.sampling`). A sample
+therefore does not depend on which other samples share its batch, and the log-prob of every
+picked token, under the distribution it was sampled from, is recorded on the way.
 """
 
 from __future__ import annotations
