@@ -48,7 +48,7 @@ class InOrder:
     def ready(self, least: Callable[[int], int]) -> Iterator[tuple[int, object]]:
         """(request, result) pairs that can go now; `least(j)` is the fewest tokens unfinished
         request j can end with."""
-        while self.start < self.n:
+        while self.done and self.start < self.n:
             chunk = range(self.start, min(self.start + self.chunk, self.n))
             waiting = [(least(j), j) for j in chunk if j not in self.done
                        and j not in self.released]

@@ -26,11 +26,11 @@ def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
     if sampling.temperature == 0:  # greedy: the first maximum, a point mass (log-prob 0)
         chosen = logits.argmax(-1)  # (B,)
         return chosen, torch.zeros(len(chosen), device=logits.device)
-    if not 0 < sampling.top_k <= min(FEW, logits.shape[-1] - 1):
+    if not 0 < sampling.top_k <= min(FEW, logits.shape[-1] - 2):
         return sample_full(logits, uniforms, sampling)
     x, ids, keep = candidates(logits, sampling)  # (B, V) / temperature; (B, m) in vocab order
-    masked = x.masked_fill(~torch.zeros_like(x, dtype=torch.bool).scatter_(-1, ids, keep),
-                           float("-inf"))  # (B, V): what transform_logits returns
+    masked = torch.full_like(x, float("-inf")).scatter_(
+        -1, ids, x.gather(-1, ids).masked_fill_(~keep, float("-inf")))  # (B, V): as transform_logits
     logp = masked.log_softmax(-1)  # (B, V) float32, as before: the recorded log-probs
     cand = logp.gather(-1, ids)  # (B, m)
     cdf = cand.double().exp().cumsum(-1)  # (B, m): the full CDF's values at the candidates
@@ -45,11 +45,13 @@ def candidates(logits: torch.Tensor, sampling: SamplingConfig
     (B, m) which of them top-k and top-p keep), decided exactly as `transform_logits` decides
     (equal logits ordered by token id, as its stable sort orders them)."""
     x = logits.float() / sampling.temperature  # (B, V)
-    vals, ids = x.topk(sampling.top_k, dim=-1)  # (B, k), descending
-    kth = vals[:, -1:]  # (B, 1)
-    ties = int((x >= kth).sum(-1).max())  # top-k keeps every token equal to the k-th too
-    if ties > sampling.top_k:
-        vals, ids = x.topk(ties, dim=-1)  # (B, m)
+    k = sampling.top_k
+    vals, ids = x.topk(k + 1, dim=-1)  # (B, k + 1), descending: one more to see a tie
+    kth = vals[:, k - 1:k]  # (B, 1)
+    if bool((vals[:, k:] == kth).any()):  # top-k keeps every token equal to the k-th too
+        vals, ids = x.topk(int((x >= kth).sum(-1).max()), dim=-1)  # (B, m)
+    else:
+        vals, ids = vals[:, :k], ids[:, :k]
     order = ids.argsort(-1)  # (B, m) to vocabulary order
     vals, ids = vals.gather(-1, order), ids.gather(-1, order)
     if sampling.top_p < 1.0:
