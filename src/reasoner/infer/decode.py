@@ -305,6 +305,8 @@ def _admit(rows: Rows, cache, prefilled, columns: dict, targets: list[int]) -> N
 def _drop_unused_columns(rows: Rows, cache) -> None:
     """Drop the cache's first columns once no live row attends to them and they are at least
     half of it (each column is moved at most about once per doubling: amortised)."""
+    if not kv_cache.refillable(cache):  # a sliding window keeps its own columns
+        return
     live = [c for c, i in zip(rows.first_column, rows.request, strict=True) if i >= 0]
     unused = min(live, default=0)
     if unused < 64 or 2 * unused < kv_cache.length(cache):

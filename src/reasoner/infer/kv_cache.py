@@ -106,4 +106,5 @@ def shift(cache, by: int) -> None:
 
 
 def length(cache) -> int:
-    return cache.layers[0].length
+    """Columns of the cache (what the attention mask spans)."""
+    return cache.get_seq_length()

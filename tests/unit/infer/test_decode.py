@@ -135,3 +135,28 @@ def test_kv_cache_rows_are_placed_right_aligned_and_shifted(tiny_model_dir):
 def test_left_padded_right_aligns_prompts():
     ids, mask = left_padded([[5, 6], [7]], pad=0)
     assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
+
+
+def test_a_sliding_window_model_decodes_in_batches_that_only_shrink(tiny_model_dir, tmp_path):
+    """A cache with sliding-window layers is not refilled in place: its rows are decoded in
+    fresh batches, with the same tokens as one batch of all of them."""
+    import json
+    import shutil
+
+    from reasoner.infer import kv_cache
+    from reasoner.infer.hf import HFGenerator
+
+    folder = tmp_path / "sliding"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config.update(use_sliding_window=True, sliding_window=4, max_window_layers=0,
+                  layer_types=["sliding_attention"] * layers)
+    (folder / "config.json").write_text(json.dumps(config))
+    gen = HFGenerator(ModelConfig(name_or_path=str(folder)), batch_size=4)
+    assert not kv_cache.refillable(kv_cache.new_cache(gen.model.config))
+    requests = requests_of(gen, 9)
+    small = gen.generate(requests, SAMPLING)
+    gen.preferred_batch = 64
+    assert [c.token_ids for c in small] == [c.token_ids for c in gen.generate(requests, SAMPLING)]
+    assert [len(c.token_ids) for c in small] == [r.max_tokens for r in requests]
