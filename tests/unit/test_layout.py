@@ -42,6 +42,7 @@ HOMES = {
     "reasoner.infer.base": "unit/infer/test_infer.py",
     "reasoner.infer.engines": "unit/pipeline/test_run.py",
     "reasoner.infer.hf": "unit/infer/test_infer.py",
+    "reasoner.infer.kv_cache": "unit/infer/test_decode.py",
     "reasoner.infer.vllm": "integration/test_vllm.py",
     "reasoner.verify": "unit/verify/test_verify_stage.py",
     "reasoner.verify.warm": "unit/verify/test_rules.py",

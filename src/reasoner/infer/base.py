@@ -101,7 +101,9 @@ def transform_logits(logits: Tensor, temperature: float, top_k: int, top_p: floa
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = logits.sort(-1, descending=True)
+        # stable: of equal logits the lower token id counts as more likely, so a tie cut by
+        # top-p is settled the same way by the candidate sampler (infer/sampling.py)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
         probs = sorted_logits.softmax(-1)
         mass_before = probs.cumsum(-1) - probs  # (..., V) mass of strictly more likely tokens
         drop_sorted = mass_before >= top_p  # never drops the most likely token

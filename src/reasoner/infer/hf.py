@@ -1,18 +1,17 @@
-"""`hf` backend: a transformers model decoded in batches with a KV cache, on CPU or GPU.
+"""`hf` backend: a transformers model decoded in a continuous batch with a KV cache, CPU or GPU.
 
 Why not `generate`: a padded batch runs until its longest row ends, so with a long tail most
 row-steps compute rows that have already stopped (62% of them on the quickstart's eval); and
 per-row seeded sampling inside a logits processor costs one `multinomial` call per row per
-step. Here a row that stops leaves the batch (its slice of the KV cache is dropped), and every
+step. Here (`infer.decode`) a row that stops is refilled with a waiting request, and every
 row samples by inverse CDF from a stream of uniforms drawn once from its own seed
-(run seed, id, sample_idx). A sample therefore does not depend on which other samples share
-its batch, and the log-prob of every picked token, under the distribution it was sampled from,
-is recorded on the way.
+(run seed, id, sample_idx), over the top-k candidates only (`infer.sampling`). A sample
+therefore does not depend on which other samples share its batch, and the log-prob of every
+picked token, under the distribution it was sampled from, is recorded on the way.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Iterator
 
@@ -20,88 +19,9 @@ import torch
 
 from reasoner.config import ModelConfig, SamplingConfig
 from reasoner.data.template import stop_token_ids
-from reasoner.infer.base import Completion, Request, Streaming, transform_logits
-
-
-def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
-                sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen ids, their log-probs), both (B,): row b takes the first token whose cumulative
-    probability exceeds uniforms[b] (in [0, 1)) under temperature / top-k / top-p of (B, V)
-    `logits`. Removed tokens have probability 0 and are never picked."""
-    logp = transform_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p
-                            ).log_softmax(-1)  # (B, V)
-    cdf = logp.double().exp().cumsum(-1)  # (B, V); float64: a 150k vocabulary sums exactly enough
-    target = uniforms.to(cdf.device, torch.float64) * cdf[:, -1]  # (B,)
-    chosen = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]  # (B,)
-    chosen = chosen.clamp_(max=logits.shape[-1] - 1)
-    return chosen, logp.gather(-1, chosen[:, None])[:, 0]
-
-
-def uniform_streams(requests: list[Request]) -> torch.Tensor:
-    """(B, max_tokens) uniforms, row b drawn from request b's own seed (padding rows unused)."""
-    width = max(r.max_tokens for r in requests)
-    out = torch.zeros(len(requests), width, dtype=torch.float64)
-    for i, r in enumerate(requests):
-        g = torch.Generator().manual_seed(r.seed)
-        out[i, :r.max_tokens] = torch.rand(r.max_tokens, generator=g, dtype=torch.float64)
-    return out
-
-
-def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask), both (P, W): the prompts right-aligned, pad on the left."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for k, p in enumerate(prompts):
-        ids[k, width - len(p):] = torch.tensor(p)
-        mask[k, width - len(p):] = 1
-    return ids, mask
-
-
-@functools.cache
-def _growing_layer_class():  # built once, on first use: transformers is imported lazily
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """A full-attention KV cache layer whose buffer doubles when full: `DynamicLayer`
-        concatenates every step, copying the whole cache once per token (O(T^2) bytes)."""
-
-        length = 0
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            end = self.length + key_states.shape[-2]
-            if self.keys.numel() == 0 or end > self.keys.shape[-2]:
-                self.keys = self._grown(self.keys, key_states, end)
-                self.values = self._grown(self.values, value_states, end)
-            self.keys[..., self.length:end, :] = key_states
-            self.values[..., self.length:end, :] = value_states
-            self.length = end
-            return self.keys[..., :end, :], self.values[..., :end, :]
-
-        def _grown(self, old, new, end: int):
-            capacity = max(end, 2 * (old.shape[-2] if old.numel() else 0), 64)
-            buf = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])  # (B, H, capacity, D)
-            if old.numel():
-                buf[..., :self.length, :] = old[..., :self.length, :]
-            return buf
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-    return GrowingLayer
-
-
-def new_cache(config):
-    """A DynamicCache for `config` whose full-attention layers grow without `cat` per token."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    cache = DynamicCache(config=config)
-    growing = _growing_layer_class()
-    cache.layers = [growing() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
+from reasoner.infer.base import Completion, Request, Streaming
+from reasoner.infer.decode import decode
+from reasoner.infer.kv_cache import new_cache
 
 
 class HFGenerator(Streaming):
@@ -133,58 +53,16 @@ class HFGenerator(Streaming):
 
     def stream(self, requests: list[Request], sampling: SamplingConfig
                ) -> Iterator[tuple[int, Completion]]:
-        """Batches of `preferred_batch` requests; a request is yielded when its row stops."""
-        for start in range(0, len(requests), self.preferred_batch):
-            batch = requests[start:start + self.preferred_batch]
-            for i, tokens, logprobs in self._decode(batch, sampling):
-                yield start + i, self._completion(tokens, logprobs, batch[i], sampling)
-
-    @torch.no_grad()
-    def _decode(self, requests: list[Request], sampling: SamplingConfig
-                ) -> Iterator[tuple[int, list[int], list[float]]]:
-        """(request index, sampled tokens, their log-probs) of each request as its row stops:
-        up to and including what stopped it."""
-        # a prompt shared by several requests (n samples of one problem) is run once; its
-        # cache and logits are then copied to every request that shares it
-        prompts = list(dict.fromkeys(tuple(r.prompt_ids) for r in requests))
-        which = {p: k for k, p in enumerate(prompts)}
-        copies = torch.tensor([which[tuple(r.prompt_ids)] for r in requests], device=self.device)
+        """Every request through one continuous batch of `preferred_batch` rows (`decode`),
+        yielded in the canonical order as soon as that order allows."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids, mask = left_padded([list(p) for p in prompts], pad)  # (P, W)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp_(min=0)  # (P, W)
-        uniforms = uniform_streams(requests)  # (B, max_tokens)
-        tokens: list[list[int]] = [[] for _ in requests]
-        logprobs: list[list[float]] = [[] for _ in requests]
-        live = list(range(len(requests)))  # request index of each batch row
-        cache = new_cache(self.model.config)
-        logits = self._forward(ids, mask, positions, cache)[copies]  # (B, V)
-        cache.batch_select_indices(copies)
-        mask, positions = mask[copies], positions[copies]  # (B, W)
-        positions = positions[:, -1:]  # (B, 1)
-        step = 0
-        while True:
-            chosen, lp = sample_rows(logits, uniforms[live, step], sampling)  # (B,), (B,)
-            keep = []
-            for row, (t, p) in enumerate(zip(chosen.tolist(), lp.tolist(), strict=True)):
-                i = live[row]
-                tokens[i].append(t)
-                logprobs[i].append(p)
-                if self._stopped(tokens[i], requests[i].max_tokens, sampling):
-                    yield i, tokens[i], logprobs[i]
-                else:
-                    keep.append(row)
-            step += 1
-            if not keep:
-                return
-            if len(keep) < len(live):  # stopped rows leave the batch and the cache
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                chosen, mask, positions = chosen[index], mask[index], positions[index]
-                live = [live[row] for row in keep]
-            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=-1)  # (B, W + step)
-            positions = positions + 1
-            logits = self._forward(chosen[:, None], mask, positions, cache)
+        stopped_on_text = (lambda tokens: self._stopped(tokens, len(tokens) + 1, sampling)
+                           ) if sampling.stop else None
+        with torch.no_grad():
+            for i, tokens, logprobs in decode(
+                    self._forward, lambda: new_cache(self.model.config), requests, sampling,
+                    self.preferred_batch, pad, self.eos_ids, self.device, stopped_on_text):
+                yield i, self._completion(tokens, logprobs, requests[i], sampling)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                  cache) -> torch.Tensor:

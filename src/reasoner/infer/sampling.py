@@ -1,0 +1,87 @@
+"""Inverse-CDF sampling of a batch of rows, each from its own stream of uniforms.
+
+Row b takes the first token (in vocabulary order) whose cumulative probability exceeds
+uniforms[b] times the total, under temperature / top-k / top-p (`base.transform_logits`). With
+top-k the few candidates are all that carry probability, so the float64 CDF is summed over them
+only, kept in vocabulary order: a token that is not a candidate adds exactly 0.0 to the
+whole-vocabulary CDF, so the sums at the candidates, and so the token a uniform picks, are the
+same numbers (tested bit for bit against `sample_full`). The log-probs are the same float32
+log-softmax over the whole (masked) vocabulary as before, so recorded log-probs do not move.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reasoner.config import SamplingConfig
+from reasoner.infer.base import transform_logits
+
+FEW = 1024  # top-k up to this samples over its candidates; a larger one over the vocabulary
+
+
+def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
+                sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen ids, their log-probs), both (B,), for (B, V) `logits` and (B,) uniforms in [0, 1).
+    Removed tokens have probability 0 and are never picked."""
+    if sampling.temperature == 0:  # greedy: the first maximum, a point mass (log-prob 0)
+        chosen = logits.argmax(-1)  # (B,)
+        return chosen, torch.zeros(len(chosen), device=logits.device)
+    if not 0 < sampling.top_k <= min(FEW, logits.shape[-1] - 2):
+        return sample_full(logits, uniforms, sampling)
+    x, ids, keep = candidates(logits, sampling)  # (B, V) / temperature; (B, m) in vocab order
+    masked = torch.full_like(x, float("-inf")).scatter_(
+        -1, ids, x.gather(-1, ids).masked_fill_(~keep, float("-inf")))  # (B, V): as transform_logits
+    logp = masked.log_softmax(-1)  # (B, V) float32, as before: the recorded log-probs
+    cand = logp.gather(-1, ids)  # (B, m)
+    cdf = cand.double().exp().cumsum(-1)  # (B, m): the full CDF's values at the candidates
+    target = uniforms.to(cdf.device, torch.float64) * cdf[:, -1]  # (B,)
+    at = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=ids.shape[-1] - 1)
+    return ids.gather(-1, at)[:, 0], cand.gather(-1, at)[:, 0]
+
+
+def candidates(logits: torch.Tensor, sampling: SamplingConfig
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """((B, V) logits / temperature, (B, m) ids of the top-k candidates in vocabulary order,
+    (B, m) which of them top-k and top-p keep), decided exactly as `transform_logits` decides
+    (equal logits ordered by token id, as its stable sort orders them)."""
+    x = logits.float() / sampling.temperature  # (B, V)
+    k = sampling.top_k
+    vals, ids = x.topk(k + 1, dim=-1)  # (B, k + 1), descending: one more to see a tie
+    kth = vals[:, k - 1:k]  # (B, 1)
+    if bool((vals[:, k:] == kth).any()):  # top-k keeps every token equal to the k-th too
+        vals, ids = x.topk(int((x >= kth).sum(-1).max()), dim=-1)  # (B, m)
+    else:
+        vals, ids = vals[:, :k], ids[:, :k]
+    order = ids.argsort(-1)  # (B, m) to vocabulary order
+    vals, ids = vals.gather(-1, order), ids.gather(-1, order)
+    if sampling.top_p < 1.0:
+        down = torch.sort(vals, dim=-1, descending=True, stable=True).indices  # (B, m): ties by token id
+        vals, ids = vals.gather(-1, down), ids.gather(-1, down)
+    keep = vals >= kth  # (B, m)
+    if sampling.top_p < 1.0:
+        # transform_logits sorts the whole masked row; its first m entries are `vals` (kept) and
+        # the rest -inf, so the same (B, V) row gives the same float32 softmax and prefix sums
+        row = torch.full_like(x, float("-inf"))
+        row[:, :vals.shape[-1]] = vals.masked_fill(~keep, float("-inf"))
+        probs = row.softmax(-1)[:, :vals.shape[-1]]  # (B, m)
+        keep = keep & (probs.cumsum(-1) - probs < sampling.top_p)  # (B, m)
+        order = ids.argsort(-1)  # (B, m) back to vocabulary order
+        ids, keep = ids.gather(-1, order), keep.gather(-1, order)
+    return x, ids, keep
+
+
+def sample_full(logits: torch.Tensor, uniforms: torch.Tensor,
+                sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_rows` over the whole vocabulary: a float64 CDF of (B, V) (top-k off or large)."""
+    logp = transform_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p
+                            ).log_softmax(-1)  # (B, V)
+    cdf = logp.double().exp().cumsum(-1)  # (B, V); float64: a 150k vocabulary sums exactly enough
+    target = uniforms.to(cdf.device, torch.float64) * cdf[:, -1]  # (B,)
+    chosen = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]  # (B,)
+    chosen = chosen.clamp_(max=logits.shape[-1] - 1)
+    return chosen, logp.gather(-1, chosen[:, None])[:, 0]
+
+
+def uniform_stream(seed: int, length: int) -> torch.Tensor:
+    """(length,) float64 uniforms in [0, 1) of one request, from its own seed."""
+    return torch.rand(length, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
