@@ -77,7 +77,7 @@ def test_on_ascend_hccl_waits_as_long_as_the_config_says(monkeypatch, tmp_path):
     NPU (a fake one: torch_npu's presence faked) sets it from run.dist_timeout_min first,
     refuses a value above the expansion mode's cap and an environment that sets it lower."""
     from reasoner import training
-    from reasoner.config import ModelConfig, RunConfig
+    from reasoner.config import RunConfig, TrainedModelConfig
     from reasoner.errors import InputError
 
     monkeypatch.delenv("HCCL_EXEC_TIMEOUT", raising=False)
@@ -100,7 +100,7 @@ def test_on_ascend_hccl_waits_as_long_as_the_config_says(monkeypatch, tmp_path):
     monkeypatch.setattr(dev, "npu_installed", lambda: True)
     monkeypatch.setattr(dev, "pick_device", lambda pref: seen.append(
         dev.os.environ.get("HCCL_EXEC_TIMEOUT")) or torch.device("cpu"))
-    training.setup(ModelConfig(name_or_path=str(tmp_path)), RunConfig(dist_timeout_min=45))
+    training.setup(TrainedModelConfig(name_or_path=str(tmp_path)), RunConfig(dist_timeout_min=45))
     assert seen == ["2700"]
 
 
