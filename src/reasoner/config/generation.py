@@ -99,7 +99,8 @@ class RayConfig(Strict):
     workers: int = Field(0, ge=0, description="Ray actors, one engine each; 0 = no Ray (this process)")
     address: str | None = Field(
         None, description="cluster to join: 'auto' (the one `ray start` made here) or HOST:PORT; "
-        "null: a local cluster for this run")
+        "null: RAY_ADDRESS if set, else a fresh local cluster for this run (never another "
+        "job's cluster found on the machine)")
     chunk: int = Field(1024, ge=1, description="requests handed to an actor at a time; its "
                        "engine streams each completion back as it finishes and refills itself")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each actor")

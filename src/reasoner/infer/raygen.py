@@ -13,6 +13,7 @@ request carries its own seed. Actors reserve the cluster's accelerators: GPUs, o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,6 +58,14 @@ def accelerators(ray: Any, per_worker: float | None, tp: int) -> dict[str, Any]:
     return {"num_gpus": per_worker or 0}
 
 
+def ray_address(address: str | None) -> str:
+    """What `ray.init` joins: the config's address, else RAY_ADDRESS (what `reasoner run
+    --launcher slurm` sets), else a fresh local cluster ("local"). Ray's own default (None)
+    joins whichever cluster was last started on the machine, found in /tmp/ray: a run would
+    join another job's cluster and hang in `ray.init` when that job took it down."""
+    return address or os.environ.get("RAY_ADDRESS") or "local"
+
+
 class RayGenerator(Streaming):
     name = "ray"
 
@@ -71,7 +80,8 @@ class RayGenerator(Streaming):
         self.ray, self.cfg = ray, cfg
         self.started_ray = not ray.is_initialized()
         if self.started_ray:
-            ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False)
+            ray.init(address=ray_address(cfg.address), include_dashboard=False,
+                     log_to_driver=False)
         build = {"model": model, "backend": backend,  # resolved on the actor, by its devices
                  "engine": engine, "max_model_len": max_model_len, "seed": seed,
                  "logprobs": logprobs, "batch_size": batch_size}
