@@ -62,19 +62,3 @@ def test_infer_and_judge_on_ray_write_the_single_process_shards(local_ray, tmp_p
         return by_key(verify.run(quiet(cfg)) / verify.VERDICTS)
 
     assert judged(tmp_path / "j-ray", ray=ray_cfg) == judged(tmp_path / "j-alone")
-
-
-def test_a_run_without_an_address_starts_its_own_cluster(monkeypatch):
-    """Ray's default address (None) joins the cluster last started on the machine (found in
-    /tmp/ray): a stage without `ray.address` joined another job's cluster and hung in
-    `ray.init` for good when that job took it down (seen in CI). Now: the config's address,
-    else RAY_ADDRESS (the Slurm launcher's), else a fresh local cluster."""
-    from reasoner.infer.raygen import ray_address
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert ray_address(None) == "local"
-    assert ray_address("auto") == "auto"
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    assert ray_address(None) == "10.0.0.1:6379"
-    assert ray_address("10.0.0.2:6379") == "10.0.0.2:6379"
-

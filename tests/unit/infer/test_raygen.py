@@ -119,3 +119,17 @@ def test_completions_stream_back_as_the_engine_finishes_them(fake_ray):
         RECEIVED.append(requests[index].sample_idx)
         out.append((index, completion.text))
     assert out == [(k, f"done {k}") for k in range(12)]
+
+
+def test_a_run_without_an_address_starts_its_own_cluster(monkeypatch):
+    """Ray's default address (None) joins the cluster last started on the machine (found in
+    /tmp/ray): a stage without `ray.address` joined another job's cluster and hung in
+    `ray.init` for good when that job took it down (seen in CI). Now: the config's address,
+    else RAY_ADDRESS (the Slurm launcher's), else a fresh local cluster."""
+    ray_address = raygen.ray_address
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_address(None) == "local"
+    assert ray_address("auto") == "auto"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert ray_address(None) == "10.0.0.1:6379"
+    assert ray_address("10.0.0.2:6379") == "10.0.0.2:6379"
