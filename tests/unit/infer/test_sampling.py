@@ -3,7 +3,13 @@ import torch
 
 from reasoner.config import SamplingConfig
 from reasoner.infer.base import processed_logprobs
-from reasoner.infer.sampling import candidates, sample_full, sample_rows, uniform_stream
+from reasoner.infer.sampling import (
+    WHOLE_ROW_VOCAB,
+    candidates,
+    sample_full,
+    sample_rows,
+    uniform_stream,
+)
 
 
 def logits_of(kind: str, g: torch.Generator, rows: int = 16, vocab: int = 3000) -> torch.Tensor:
@@ -94,3 +100,20 @@ def test_a_tie_cut_by_top_p_keeps_the_lower_token_id():
     assert transform_logits(x, 1.0, 3, 0.7).tolist() == [[1.0, 2.0, inf, inf]]
     _, ids, keep = candidates(x, SamplingConfig(n=1, temperature=1.0, top_k=3, top_p=0.7))
     assert ids.tolist() == [[0, 1, 2]] and keep.tolist() == [[True, True, False]]
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+def test_a_large_vocabulary_softmaxes_the_candidates_alone_to_the_same_tokens(kind):
+    """Above WHOLE_ROW_VOCAB the candidates' softmax runs over them alone: the same tokens as
+    the whole-vocabulary CDF for every uniform drawn here (800 rows of 49,152), log-probs equal
+    to float32 rounding."""
+    sampling = SamplingConfig(n=1, temperature=0.6, top_k=40, top_p=0.95)
+    vocab = 49152
+    assert vocab > WHOLE_ROW_VOCAB
+    for seed in range(50):
+        g = torch.Generator().manual_seed(seed)
+        x = logits_of(kind, g, vocab=vocab)
+        u = torch.rand(len(x), generator=g, dtype=torch.float64)
+        fast, full = sample_rows(x, u, sampling), sample_full(x, u, sampling)
+        assert torch.equal(fast[0], full[0]), (seed, fast[0], full[0])
+        assert torch.allclose(fast[1], full[1], rtol=0, atol=2e-6), (fast[1] - full[1]).abs().max()

@@ -1,0 +1,151 @@
+"""The hf backend's decode step (one new token per row) for Llama-family models, without the
+layers of transformers' generic forward around it.
+
+A decode step of a 135M model at batch 64 runs some 200 small matmuls and ~2,700 other ops on a
+CPU; transformers' forward adds, per layer, its decorators, keyword plumbing, the attention
+dispatch and output bookkeeping, which cost as much as the attention itself there. This step
+calls the model's own modules (embedding, norms, projections, MLP, rotary embedding, the model
+file's own `apply_rotary_pos_emb`) in the order the model's forward calls them, and
+scaled-dot-product attention with the arguments transformers' `sdpa` attention passes for one
+query token (grouped-query heads packed per key/value head, the padding mask as booleans, no
+mask when no row is padded). The logits are therefore the same numbers as `model(...)`'s
+(tested bit for bit in fp32), and the prefill, which is one large forward per group of prompts,
+still goes through `model(...)`.
+
+Supported: the architectures whose decoder layer is Llama's (`SUPPORTED`: pre-norm RMSNorm,
+q/k/v/o projections with optional bias, rotary embedding, gated MLP) with sdpa attention and
+full attention in every layer. Anything else decodes through `model(...)`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+class DecodeStep:
+    """`step(ids (B, 1), mask (B, T), positions (B, 1), cache)` -> (B, V) float logits of the
+    new token, `cache` (a `kv_cache.new_cache`) taking its keys and values."""
+
+    def __init__(self, model):
+        inner = model.model
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        self.layers = list(inner.layers[:model.config.num_hidden_layers])
+        param = next(model.parameters())
+        pack = param.dtype == torch.bfloat16 and param.device.type == "cpu" and _packs()
+        # one matmul for q, k and v, one for gate and up: the modules' weights become views of
+        # the joined ones (no second copy of the model)
+        self.qkv = [_Linear(pack, a.q_proj, a.k_proj, a.v_proj)
+                    for a in (layer.self_attn for layer in self.layers)]
+        self.o = [_Linear(pack, layer.self_attn.o_proj) for layer in self.layers]
+        self.gate_up = [_Linear(pack, layer.mlp.gate_proj, layer.mlp.up_proj)
+                        for layer in self.layers]
+        self.down = [_Linear(pack, layer.mlp.down_proj) for layer in self.layers]
+        self.lm_head = _Linear(pack, model.lm_head)
+        attn = self.layers[0].self_attn
+        self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.head_dim = attn.head_dim
+        self.groups = attn.num_key_value_groups
+        self.scaling = attn.scaling
+
+    @classmethod
+    def for_model(cls, model) -> DecodeStep | None:
+        """The step for `model`, or None when its forward is not the one this step replicates."""
+        cfg = model.config
+        if getattr(cfg, "model_type", None) not in SUPPORTED \
+                or getattr(cfg, "_attn_implementation", None) != "sdpa" \
+                or getattr(cfg, "hidden_act", None) != "silu" \
+                or getattr(cfg, "pretraining_tp", 1) != 1 \
+                or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []) \
+                or getattr(cfg, "use_sliding_window", False) \
+                or model.training:
+            return None
+        return cls(model)
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                 cache) -> torch.Tensor:
+        h = self.embed(ids)  # (B, 1, H)
+        cos, sin = self.rotary(h, positions)
+        # transformers' sdpa mask for one query token: none when no row is padded
+        padded = None if bool(mask.all()) else mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        for i, layer in enumerate(self.layers):
+            residual = h
+            h = residual + self._attention(i, layer.self_attn, layer.input_layernorm(h), cos, sin,
+                                           padded, cache.layers[i])
+            residual = h
+            gate, up = self.gate_up[i](layer.post_attention_layernorm(h))
+            h = residual + self.down[i](F.silu(gate) * up)[0]
+        return self.lm_head(self.norm(h)[:, -1:, :])[0][:, -1].float()
+
+    def _attention(self, i: int, attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   padded: torch.Tensor | None, cache_layer) -> torch.Tensor:
+        b, d = x.shape[0], self.head_dim
+        q, k, v = (t.view(b, 1, -1, d).transpose(1, 2) for t in self.qkv[i](x))  # (B, H, 1, D)
+        q, k = self.rope(q, k, cos, sin)
+        k, v = cache_layer.update(k, v)  # (B, Hkv, T, D)
+        if self.groups == 1:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=padded, dropout_p=0.0,
+                                                 scale=self.scaling, is_causal=False)
+        elif padded is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=self.scaling,
+                                                 is_causal=False, enable_gqa=True)
+        else:  # the query heads of one key/value head as its queries: no copy of the cache
+            out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], self.groups, d), k, v,
+                                                 attn_mask=padded, dropout_p=0.0,
+                                                 scale=self.scaling, is_causal=False)
+        out = out.reshape(b, -1, 1, d).transpose(1, 2).contiguous()  # (B, 1, Hq, D)
+        return self.o[i](out.reshape(b, 1, -1).contiguous())[0]
+
+
+class _Linear:
+    """One or more linear layers on one input as one matmul, split back: `(x) -> (outputs...)`.
+    Several are joined into one weight, and the modules' weights become views of it (the
+    prefill, through `model(...)`, reads the same memory). Each output column is the same dot
+    product as in its own layer's matmul (tested bit for bit against transformers' forward in
+    fp32).
+
+    With `pack` (bf16 on a CPU with oneDNN) the weight is also kept in oneDNN's blocked layout,
+    reordered once here: `F.linear` reorders a bf16 weight for the AMX / AVX512-BF16 kernels at
+    every call, which at decode shapes costs as much as the matmul (measured on SmolLM2's
+    shapes at batch 64: 1.5-2.3x faster packed, the same numbers bit for bit). The packed copy
+    is the one extra copy of the linear weights this step keeps."""
+
+    def __init__(self, pack: bool, *linears: torch.nn.Linear):
+        self.sizes = [lin.out_features for lin in linears]
+        if len(linears) == 1:
+            self.weight, self.bias = linears[0].weight.detach(), linears[0].bias
+        else:
+            self.weight = torch.cat([lin.weight.detach() for lin in linears])
+            biases = [lin.bias for lin in linears]
+            self.bias = None if any(b is None for b in biases) else torch.cat(
+                [b.detach() for b in biases])
+            start = 0
+            for lin, size in zip(linears, self.sizes, strict=True):
+                lin.weight = torch.nn.Parameter(self.weight[start:start + size],
+                                                requires_grad=False)
+                if self.bias is not None:
+                    lin.bias = torch.nn.Parameter(self.bias[start:start + size],
+                                                  requires_grad=False)
+                start += size
+            if self.bias is None and any(b is not None for b in biases):
+                raise ValueError("linear layers with and without bias cannot be joined")
+        if self.bias is not None:
+            self.bias = self.bias.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64) if pack else None
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.packed is not None:
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        else:
+            out = F.linear(x, self.weight, self.bias)
+        return out.split(self.sizes, -1) if len(self.sizes) > 1 else (out,)
+
+
+def _packs() -> bool:
+    """Whether this torch has oneDNN's prepacked linear (the ops inductor's CPU backend uses)."""
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
