@@ -7,8 +7,7 @@ places, their distinct prompts prefilled together in one forward (the n samples 
 share one prompt: prefilled once, its cache copied) and written into the dead rows of the KV
 cache in place (`kv_cache.place`). Columns that no live row attends to any more are dropped
 from the front of the cache once they are half of it; when nothing waits, dead rows leave the
-batch once they are a quarter of it (`LEAVE`: each dead row still costs its keys and values
-read every step, and on a CPU a decode step is bound by the bytes it reads). The stop test runs on tensors (one host read per step, not one
+batch once they are half of it (`LEAVE`). The stop test runs on tensors (one host read per step, not one
 per row), except for stop strings, which need the text.
 
 Row b's token at step s is drawn with uniform s of request b's stream (`sampling.uniform_stream`,
@@ -30,7 +29,7 @@ from reasoner.infer import kv_cache
 from reasoner.infer.base import Request
 from reasoner.infer.sampling import sample_rows, uniform_stream
 
-LEAVE = 4  # with nothing waiting, dead rows leave once they are 1 / LEAVE of the batch
+LEAVE = 2  # with nothing waiting, dead rows leave once they are 1 / LEAVE of the batch
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
 
@@ -240,7 +239,7 @@ class Decoder:
 
     def advance(self, chosen: torch.Tensor) -> None:
         """One forward of every row's newest token (dead rows too, until they are refilled or
-        are a quarter of the batch with nothing to refill them)."""
+        are half the batch with nothing to refill them)."""
         rows = self.rows
         assert rows is not None
         if (not self.waiting or not kv_cache.refillable(self.cache)) \
