@@ -7,7 +7,7 @@ places, their distinct prompts prefilled together in one forward (the n samples 
 share one prompt: prefilled once, its cache copied) and written into the dead rows of the KV
 cache in place (`kv_cache.place`). Columns that no live row attends to any more are dropped
 from the front of the cache once they are half of it; when nothing waits, dead rows leave the
-batch once they are half of it (`LEAVE`). The stop test runs on tensors (one host read per step, not one
+batch once they are half of it. The stop test runs on tensors (one host read per step, not one
 per row), except for stop strings, which need the text.
 
 Row b's token at step s is drawn with uniform s of request b's stream (`sampling.uniform_stream`,
@@ -28,8 +28,6 @@ from reasoner.config import SamplingConfig
 from reasoner.infer import kv_cache
 from reasoner.infer.base import Request
 from reasoner.infer.sampling import sample_rows, uniform_stream
-
-LEAVE = 2  # with nothing waiting, dead rows leave once they are 1 / LEAVE of the batch
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
 
@@ -243,7 +241,7 @@ class Decoder:
         rows = self.rows
         assert rows is not None
         if (not self.waiting or not kv_cache.refillable(self.cache)) \
-                and LEAVE * len(rows.dead()) >= len(rows.request):
+                and 2 * len(rows.dead()) >= len(rows.request):
             keep = [r for r, i in enumerate(rows.request) if i >= 0]
             rows.keep(keep)
             index = torch.tensor(keep, device=self.device)
