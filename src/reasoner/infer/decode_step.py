@@ -127,8 +127,9 @@ class _Linear:
         else:
             self.weight = torch.cat([lin.weight.detach() for lin in linears])
             biases = [lin.bias for lin in linears]
-            self.bias = None if any(b is None for b in biases) else torch.cat(
-                [b.detach() for b in biases])
+            if len({b is None for b in biases}) > 1:
+                raise ValueError("linear layers with and without bias cannot be joined")
+            self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
             start = 0
             for lin, size in zip(linears, self.sizes, strict=True):
                 lin.weight = torch.nn.Parameter(self.weight[start:start + size],
@@ -137,8 +138,6 @@ class _Linear:
                     lin.bias = torch.nn.Parameter(self.bias[start:start + size],
                                                   requires_grad=False)
                 start += size
-            if self.bias is None and any(b is not None for b in biases):
-                raise ValueError("linear layers with and without bias cannot be joined")
         if self.bias is not None:
             self.bias = self.bias.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64) if pack else None
