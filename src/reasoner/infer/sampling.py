@@ -25,6 +25,7 @@ from reasoner.infer.base import transform_logits
 
 FEW = 1024  # top-k up to this samples over its candidates; a larger one over the vocabulary
 WHOLE_ROW_VOCAB = 4096  # up to this vocabulary the softmax runs over the whole masked row
+TIES = 8  # candidates taken past the k-th, to see the ties at its value without a second pass
 
 
 def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor,
@@ -56,12 +57,15 @@ def candidates(logits: torch.Tensor, sampling: SamplingConfig
     (equal logits ordered by token id, as its stable sort orders them)."""
     x = logits.float() / sampling.temperature  # (B, V)
     k = sampling.top_k
-    vals, ids = x.topk(k + 1, dim=-1)  # (B, k + 1), descending: one more to see a tie
+    # TIES more than the k: a tie at the k-th value (common in bf16, whose logits take few
+    # values) is then settled by this one call; only a longer run of ties calls topk again
+    vals, ids = x.topk(min(k + TIES, x.shape[-1]), dim=-1)  # (B, k + TIES), descending
     kth = vals[:, k - 1:k]  # (B, 1)
-    if bool((vals[:, k:] == kth).any()):  # top-k keeps every token equal to the k-th too
+    if bool((vals[:, -1:] == kth).any()):  # ties past what was taken: take them all
         vals, ids = x.topk(int((x >= kth).sum(-1).max()), dim=-1)  # (B, m)
-    else:
-        vals, ids = vals[:, :k], ids[:, :k]
+    else:  # top-k keeps every token equal to the k-th too (the rest are masked below)
+        m = int((vals >= kth).sum(-1).max())
+        vals, ids = vals[:, :m], ids[:, :m]
     order = ids.argsort(-1)  # (B, m) to vocabulary order
     vals, ids = vals.gather(-1, order), ids.gather(-1, order)
     if sampling.top_p < 1.0:
