@@ -82,3 +82,23 @@ def test_models_it_does_not_replicate_decode_through_transformers(tiny_model_dir
     model = qwen2(tiny_model_dir)
     model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
     assert DecodeStep.for_model(model) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_rms_norm_gives_the_module_s_numbers(tiny_model_dir, dtype):
+    """The step's RMSNorm (`F.rms_norm` over fp32) equals the model's module bit for bit in both
+    dtypes, on rows of very different scales: in bf16 too, where the step is otherwise allowed
+    one rounding apart, the norms are not where it comes from."""
+    from reasoner.infer.decode_step import _norm
+
+    model = qwen2(tiny_model_dir, dtype)
+    module = model.model.layers[0].input_layernorm
+    module.weight.data.normal_(generator=torch.Generator().manual_seed(2))
+    fused = _norm(module)
+    assert fused is not module
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        x = (torch.randn(64, 1, module.weight.shape[0], generator=g)
+             * torch.rand(64, 1, 1, generator=g) * 10).to(dtype)
+        with torch.no_grad():
+            assert torch.equal(fused(x), module(x))
