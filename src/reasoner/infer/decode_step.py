@@ -3,8 +3,9 @@ layers of transformers' generic forward around it.
 
 A decode step of a 135M model at batch 64 is some 200 small matmuls and a few thousand other
 small ops; transformers' forward adds, per layer, its decorators, keyword plumbing, attention
-dispatch and output bookkeeping. This step calls the model's own modules (embedding, norms,
-MLP activation, rotary embedding, the model file's own `apply_rotary_pos_emb`) in the order the
+dispatch and output bookkeeping. This step calls the model's own modules (embedding, MLP
+activation, rotary embedding, the model file's own `apply_rotary_pos_emb`, for q and k at once;
+RMSNorm as torch's fused `F.rms_norm`, the module's numbers bit for bit) in the order the
 model's forward calls them, with q, k and v as one matmul and gate and up as one, and
 scaled-dot-product attention with the arguments transformers' `sdpa` attention passes for one
 query token (query heads packed per key/value head, the padding mask as booleans, no mask when
