@@ -104,4 +104,6 @@ class HFGenerator(Streaming):
         return Completion(tokens, text, finish, logprobs[:len(tokens)])
 
     def close(self) -> None:
-        del self.model
+        # the step holds the joined and (bf16) packed weights: a recipe's next stage runs in
+        # this process and should not carry them
+        self.model = self.step = None
