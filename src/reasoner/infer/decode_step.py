@@ -36,8 +36,8 @@ class DecodeStep:
 
     def __init__(self, model):
         inner = model.model
-        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
-        self.layers = list(inner.layers[:model.config.num_hidden_layers])
+        self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        layers = list(inner.layers[:model.config.num_hidden_layers])
         param = next(model.parameters())
         pack = param.dtype == torch.bfloat16 and param.device.type == "cpu" and _packs()
         # one matmul for q, k and v, one for gate and up: the modules' weights become views of
@@ -45,13 +45,13 @@ class DecodeStep:
         # (q and k come out side by side: their rotary embedding is one call)
         self.qkv = [_Linear(pack, a.q_proj, a.k_proj, a.v_proj, split=[
             a.q_proj.out_features + a.k_proj.out_features, a.v_proj.out_features])
-            for a in (layer.self_attn for layer in self.layers)]
-        self.o = [_Linear(pack, layer.self_attn.o_proj) for layer in self.layers]
+            for a in (layer.self_attn for layer in layers)]
+        self.o = [_Linear(pack, layer.self_attn.o_proj) for layer in layers]
         self.gate_up = [_Linear(pack, layer.mlp.gate_proj, layer.mlp.up_proj)
-                        for layer in self.layers]
-        self.down = [_Linear(pack, layer.mlp.down_proj) for layer in self.layers]
+                        for layer in layers]
+        self.down = [_Linear(pack, layer.mlp.down_proj) for layer in layers]
         self.lm_head = _Linear(pack, model.lm_head)
-        attn = self.layers[0].self_attn
+        attn = layers[0].self_attn
         self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.head_dim = attn.head_dim
         self.groups = attn.num_key_value_groups
@@ -61,8 +61,8 @@ class DecodeStep:
         # ops instead of eight (bf16: casts, squares, mean, rsqrt, products); another norm class
         # runs as itself
         self.norms = [[_norm(layer.input_layernorm), _norm(layer.post_attention_layernorm)]
-                      for layer in self.layers]
-        self.final_norm = _norm(self.norm)
+                      for layer in layers]
+        self.final_norm = _norm(inner.norm)
         # below fp32, grouped-query attention with the padding mask runs on the CPU's sdpa kernel
         # in about 3/4 of the time of transformers' packed query heads (one bf16 rounding
         # apart); fp32 keeps transformers' call, and with it its logits bit for bit
