@@ -17,7 +17,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from tests_helpers import leave_process_group
+from tests_helpers import leave_process_group, strict_autograd
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from reasoner.models import sequence_parallel
@@ -81,6 +81,7 @@ def one_token(sp: SequenceGroup) -> dict:
 
 
 def main(out: str) -> None:
+    strict_autograd()  # a collective without a backward raises instead of zeroing gradients
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     sp = SequenceGroup(2, rank, dist.new_group([0, 1]))

@@ -102,3 +102,41 @@ def leave_process_group() -> None:
 def quiet(cfg):
     """A stage config with its progress bars off (the stages that generate or verify)."""
     return cfg.model_copy(update={"progress": False})
+
+
+def step_logits(model, step, rows: int = 4, steps: int = 3):
+    """The logits (steps, rows, V) of `step` (an infer.decode_step.DecodeStep of `model`) over
+    `steps` greedy decode steps from `rows` prompts of 6 tokens, prefilled by `model` itself."""
+    import torch
+
+    from reasoner.infer.kv_cache import new_cache
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (rows, 6), generator=g)
+    mask = torch.ones_like(ids)
+    positions = torch.arange(6).expand(rows, 6)
+    cache = new_cache(model.config)
+    out = []
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+              use_cache=True)
+        ids, positions = ids[:, -1:], positions[:, -1:]
+        for _ in range(steps):
+            mask = torch.cat([mask, torch.ones_like(ids)], 1)
+            positions = positions + 1
+            logits = step(ids, mask, positions, cache)  # (rows, V)
+            out.append(logits)
+            ids = logits.argmax(-1, keepdim=True)
+    return torch.stack(out)
+
+
+def strict_autograd() -> None:
+    """From here on, backpropagating through an op with no autograd kernel raises instead of
+    passing a zero gradient on (autograd's fallback warns; its warning made an error: torch 2.13
+    has no "error" mode yet, `NYI: mode='error'`)."""
+    import warnings
+
+    import torch
+
+    torch._C._set_autograd_fallback_mode("warn")
+    warnings.filterwarnings("error", message=".*autograd kernel was not registered")

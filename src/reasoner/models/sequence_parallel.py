@@ -17,6 +17,10 @@ here on torch's autograd collectives:
   gather's backward sums the group's gradients: a loss every member computes in full counts
   `size` times, so the trainers scale each member's loss by 1/size (`training.accumulate`).
 
+The collectives are the `*_autograd` functional ones (torch 2.4 on): the plain
+`all_to_all_single` had no backward before late 2025, and without one autograd's fallback lets
+the gradient through attention silently become zero (tests run with the fallback set to "error").
+
 Heads: `heads % size == 0`, and `kv_heads % size == 0` or `size % kv_heads == 0` (key/value
 heads then replicated), verl's rule. A group is `size` consecutive ranks (one node); FSDP2
 shards over every process.
@@ -136,19 +140,19 @@ def split(input_ids: Tensor, position_ids: Tensor, labels: Tensor, sp: SequenceG
 def gather(values: Tensor, sl: Slice, sp: SequenceGroup) -> Tensor:
     """The whole micro-batch's (N,) from each process's values at its slice's targets (n,):
     all-gathered with autograd (the backward sums the group's gradients)."""
-    from torch.distributed._functional_collectives import all_gather_single
+    from torch.distributed._functional_collectives import all_gather_tensor_autograd
 
     local_keep = (sl.labels >= 0).reshape(-1)
     dense = values.new_zeros(local_keep.numel()).masked_scatter(local_keep, values)  # (T/size,)
-    whole = all_gather_single(dense, 0, sp.group)  # (T,)
+    whole = all_gather_tensor_autograd(dense, 0, sp.group)  # (T,)
     return whole[sl.keep]
 
 
 def _all_to_all(x: Tensor, sp: SequenceGroup) -> Tensor:
     """`x` (size, ...) chunk j sent to rank j; returns (size, ...), chunk i from rank i."""
-    from torch.distributed._functional_collectives import all_to_all_single
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-    return all_to_all_single(x.contiguous(), None, None, sp.group).reshape(x.shape)
+    return all_to_all_single_autograd(x.contiguous(), None, None, sp.group).reshape(x.shape)
 
 
 def seq_to_heads(x: Tensor, sp: SequenceGroup) -> Tensor:

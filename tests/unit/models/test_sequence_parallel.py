@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+from tests_helpers import SUBPROCESS_ENV, strict_autograd, torchrun_two_processes
 
 from reasoner.errors import ConfigError
 from reasoner.models.sequence_parallel import SequenceGroup, check_heads, row_boundaries, split
@@ -68,3 +68,36 @@ def test_two_processes_compute_what_one_does_in_fp64(tmp_path):
         assert result[case]["tokens"] == 21
         assert result[case]["logp"] < 1e-12 and result[case]["grad"] < 1e-12, (case, result)
     assert result["one_token"] == {"tokens": 0, "loss": 0.0, "finite": True}
+
+
+def test_the_collectives_are_the_autograd_ones_the_whole_torch_range_has():
+    """`all_gather_single` (a 2026 name) raises ImportError on older torch, and the older
+    `all_gather_tensor` has no backward there: attention and log-prob gradients silently zero.
+    The `*_autograd` collectives (torch 2.4 on) are the only ones the module may call."""
+    import ast
+
+    import reasoner.models.sequence_parallel as sp
+
+    tree = ast.parse(Path(sp.__file__).read_text())
+    called = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              and node.module == "torch.distributed._functional_collectives" for a in node.names}
+    assert called == {"all_gather_tensor_autograd", "all_to_all_single_autograd"}
+
+
+def test_the_gradient_check_fails_on_an_op_without_a_backward():
+    """What tests/sequence_parallel_check.py runs under: an op with no autograd kernel (as the
+    plain collectives were on older torch) raises in backward instead of giving zero."""
+    lib = torch.library.Library("reasoner_test", "FRAGMENT")
+    lib.define("no_backward(Tensor x) -> Tensor")
+    lib.impl("no_backward", lambda x: x * 2, "CPU")
+    x = torch.ones(3, requires_grad=True)
+    mode = torch._C._get_autograd_fallback_mode()
+    import warnings
+
+    with warnings.catch_warnings():
+        strict_autograd()
+        try:
+            with pytest.raises(UserWarning, match="autograd kernel was not registered"):
+                torch.ops.reasoner_test.no_backward(x).sum().backward()
+        finally:
+            torch._C._set_autograd_fallback_mode(mode)
