@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -15,6 +16,12 @@ from typing import Any
 import torch
 
 from reasoner.errors import DependencyError, InputError
+from reasoner.hccl import (  # noqa: F401  (re-exported: training.policy, pipeline.cluster)
+    HCCL_AIV_CAP_S,
+    HCCL_CAP_S,
+    npu_installed,
+    set_hccl_timeout,
+)
 
 
 @lru_cache(maxsize=1)
@@ -67,10 +74,32 @@ def pick_device(preference: str = "auto", local_rank: int | None = None) -> torc
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` -> bf16 on accelerators, fp32 on CPU (bf16 is emulated and slow on most CPUs)."""
+    """`auto` -> bf16 on accelerators; on a CPU bf16 only where it computes it natively (AMX,
+    AVX512-BF16), else fp32 (reasoner.cpu). A CPU run says which path it took, once."""
+    from reasoner import cpu
+
     if name == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+        dtype = cpu.auto_dtype() if device.type == "cpu" else torch.bfloat16
+    else:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}[name]
+    if device.type == "cpu":
+        _say_cpu_path(dtype)
+    return dtype
+
+
+@lru_cache(maxsize=4)
+def _say_cpu_path(dtype: torch.dtype) -> None:
+    """The CPU path, once per dtype, from the main process: what the CPU has and what it costs."""
+    from reasoner import cpu
+
+    if not is_main_process():
+        return
+    found = cpu.features()
+    line = found.describe(dtype)
+    if dtype == torch.bfloat16 and not found.native_bf16:
+        line += f"; warning: {cpu.SLOW_BF16}: set model.dtype: auto (fp32 here) or float32"
+    print(f"reasoner: {line}", file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -111,42 +140,6 @@ class Env:
     device: torch.device
     dist: DistInfo
     dtype: torch.dtype
-
-
-HCCL_CAP_S = 17340  # HCCL_EXEC_TIMEOUT's largest value on Atlas A2 / A3
-HCCL_AIV_CAP_S = 1091  # ... with HCCL_OP_EXPANSION_MODE=AIV
-
-
-def npu_installed() -> bool:
-    """torch_npu is there (found, not imported: importing it reads HCCL's settings)."""
-    import importlib.util
-
-    return importlib.util.find_spec("torch_npu") is not None
-
-
-def set_hccl_timeout(timeout_min: float) -> None:
-    """Make HCCL wait as long as run.dist_timeout_min says. On Ascend the time-out given to
-    `init_process_group` reaches torch_npu's watchdog only; HCCL's own wait for an operation is
-    HCCL_EXEC_TIMEOUT (1836 s by default on A2 / A3), read from the environment when torch_npu
-    is imported and when a communicator is built: so it is set here, before. Refused with one
-    paragraph above the cap of the expansion mode, or when the environment already sets it
-    lower (it would silently win on some nodes)."""
-    want = int(round(timeout_min * 60))
-    aiv = os.environ.get("HCCL_OP_EXPANSION_MODE", "").upper() == "AIV"
-    cap = HCCL_AIV_CAP_S if aiv else HCCL_CAP_S
-    if want > cap:
-        raise InputError(
-            f"run.dist_timeout_min={timeout_min:g} asks HCCL to wait {want} s, above the "
-            f"{cap} s HCCL_EXEC_TIMEOUT allows{' with HCCL_OP_EXPANSION_MODE=AIV' if aiv else ''}:"
-            f" lower run.dist_timeout_min to at most {cap / 60:.0f}")
-    given = os.environ.get("HCCL_EXEC_TIMEOUT")
-    if given is not None and given.strip().isdigit() and int(given) < want:
-        raise InputError(
-            f"the environment sets HCCL_EXEC_TIMEOUT={given}, shorter than run.dist_timeout_min="
-            f"{timeout_min:g} ({want} s): HCCL would end the run after {given} s of one rank's "
-            "work behind a barrier. Unset it (reasoner sets it from run.dist_timeout_min), or "
-            "lower run.dist_timeout_min")
-    os.environ["HCCL_EXEC_TIMEOUT"] = str(want)
 
 
 def init_distributed(device: torch.device, timeout_min: float = 60.0,

@@ -119,9 +119,25 @@ def test_every_stage_runs_on_smollm2_with_one_prompt(smollm2, tmp_path):
     assert report["benchmark"] == "gsm8k" and report["problems"] == 4 and report["k"] == 1
 
 
-def test_the_cpu_real_model_recipe_runs_end_to_end_at_smoke_scale(smollm2, tmp_path):
+@pytest.fixture
+def probed_cpu(monkeypatch):
+    """`model.dtype: auto` as a user's run resolves it: the CPU probed, not the suite's fp32
+    (tests/conftest.py): bf16 with oneDNN's prepack on an AMX / AVX512-BF16 CPU, fp32 on an
+    AVX2-only one."""
+    from reasoner import cpu, device
+
+    monkeypatch.delenv("REASONER_CPU_BF16", raising=False)
+    cpu.features.cache_clear()
+    device._say_cpu_path.cache_clear()
+    yield cpu.features()
+    cpu.features.cache_clear()
+    device._say_cpu_path.cache_clear()
+
+
+def test_the_cpu_real_model_recipe_runs_end_to_end_at_smoke_scale(smollm2, tmp_path, probed_cpu):
     """configs/smollm2_cpu (README: "A pretrained model that learns") with only its scale
-    reduced: every stage, the flexible / strict report and the paired comparison."""
+    reduced, on the dtype this CPU's probe picks: every stage, the flexible / strict report and
+    the paired comparison."""
     small = ["sampling.max_tokens=24", "batch_size=16"]
     reasoner("run", REPO / "configs/smollm2_cpu/recipe.yaml", f"run_dir={tmp_path}",
              f"start_model={smollm2}", "data.num_train=6", "data.num_test=4",

@@ -26,6 +26,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from reasoner import cpu
+
 SUPPORTED = ("llama", "qwen2", "mistral")
 NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
 
@@ -39,7 +41,9 @@ class DecodeStep:
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         layers = list(inner.layers[:model.config.num_hidden_layers])
         param = next(model.parameters())
-        pack = param.dtype == torch.bfloat16 and param.device.type == "cpu" and _packs()
+        # oneDNN's prepack where its bf16 kernels run (it refuses an AVX2-only CPU: reasoner.cpu)
+        pack = param.dtype == torch.bfloat16 and param.device.type == "cpu" \
+            and cpu.features().prepacks_bf16
         # one matmul for q, k and v, one for gate and up: the modules' weights become views of
         # the joined ones (no second copy of the model)
         # (q and k come out side by side: their rotary embedding is one call)
@@ -177,8 +181,3 @@ def _norm(module):
         return module.weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
     return norm
 
-
-def _packs() -> bool:
-    """Whether this torch has oneDNN's prepacked linear (the ops inductor's CPU backend uses)."""
-    return torch.backends.mkldnn.is_available() and all(
-        hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
