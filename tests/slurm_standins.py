@@ -1,7 +1,8 @@
 """Stand-ins for Slurm's `sbatch`, `srun`, `scontrol` and `sinfo` that run a batch script on
 this machine as a one-node allocation: sbatch runs the script to its end (a real sbatch queues it
 and returns), srun starts its tasks here with the variables Slurm gives them, and every call is
-logged (one JSON line each) so a test can say what was launched how."""
+logged (one JSON line each) so a test can say what was launched how. And a `hostname` whose
+addresses a test chooses (the node's /etc/hosts and interfaces)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,29 @@ with open(os.environ["SLURM_STANDIN_LOG"], "a") as f:
     f.write(json.dumps({"cmd": "sinfo", "args": sys.argv[1:]}) + "\n")
 print(os.environ["SINFO_GRES"])
 '''
+
+
+HOSTNAME = r'''
+import os, sys
+args = sys.argv[1:]
+if not args:
+    print("node1")
+elif args[0] in ("-i", "--ip-address", "-I", "--all-ip-addresses"):
+    print(os.environ["STANDIN_ADDRESSES"])  # what both would say on the node the test fakes
+else:
+    sys.exit(f"hostname stand-in: {args} not faked")
+'''
+
+
+def install_hostname(folder: Path, addresses: str) -> dict[str, str]:
+    """A `hostname` first on PATH whose addresses are `addresses` (space-separated, in that
+    order, for --ip-address and --all-ip-addresses alike: the node /etc/hosts and its
+    interfaces describe); returns the environment that sets it up."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "hostname"
+    path.write_text(f"#!{sys.executable}\n{HOSTNAME}")
+    path.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "STANDIN_ADDRESSES": addresses}
 
 
 def install(folder: Path) -> dict[str, str]:

@@ -101,11 +101,13 @@ def model_import(
 
 
 def _train(name: str, config: Path, overrides: list[str] | None) -> None:
-    """sft and train-offline: run the trainer, then (rank 0) the counts of its manifest."""
-    from reasoner import shards
+    """sft and train-offline: run the trainer, then (rank 0) the counts of its manifest. HCCL's
+    time-out goes into the environment first: `import torch` loads torch_npu, which reads it."""
+    from reasoner import hccl, shards
 
     stage = STAGES[name]
     cfg = load_config(name, stage.config, config, overrides)
+    run_stage(name, lambda: hccl.set_before_torch(cfg.model.device, cfg.run.dist_timeout_min))
     final = run_stage(name, lambda: stage.run(cfg))
     counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
     if is_main():

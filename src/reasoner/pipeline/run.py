@@ -156,8 +156,9 @@ def own_process(stage: StageRun) -> bool:
     a vLLM engine (vLLM does not free device memory when an engine is deleted), and whenever it
     puts a model on a GPU / NPU (the caching allocator keeps what a finished stage held, and the
     next stage's vLLM start-up check then finds too little free: a one-GPU recipe died at its
-    first eval after training). On a CPU the stages stay in this process, where starting one
-    would cost an import of torch and transformers each."""
+    first eval after training; and a trainer on an NPU must set HCCL_EXEC_TIMEOUT before its
+    torch loads torch_npu, which this process's did long ago: hccl.py). On a CPU the stages stay
+    in this process, where starting one would cost an import of torch and transformers each."""
     return bool(stage.spec.launcher) or uses_vllm(stage) or uses_accelerator(stage)
 
 

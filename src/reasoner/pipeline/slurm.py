@@ -58,10 +58,37 @@ shard() {  # reasoner infer CONFIG: one process per node, node R writing shard R
         "$PY" "$@"
 }
 
+ray_head_ip() {  # this node's address for the Ray head: one the other nodes can reach
+    # Not `hostname --ip-address`: that is what /etc/hosts maps the name to, 127.0.1.1 on
+    # Debian and Ubuntu, an IPv6 address first elsewhere. The interfaces' own addresses, IPv4
+    # first; never loopback or link-local (fe80::, meaningless on another node).
+    local ip v6=""
+    for ip in $(hostname --all-ip-addresses 2>/dev/null || true); do
+        case $ip in
+            127.* | ::1 | [Ff][Ee]80:*) ;;
+            *:*) v6=${v6:-$ip} ;;
+            *) echo "$ip"; return 0 ;;
+        esac
+    done
+    if [[ -n $v6 ]]; then
+        echo "$v6"
+        return 0
+    fi
+    echo "reasoner: this node ($(hostname)) has no address the other nodes can reach for" \
+        "the Ray head: \`hostname --all-ip-addresses\` lists none but loopback or link-local" \
+        "ones. Run the job on nodes with a network interface up (see \`ip addr\` on the node)," \
+        "or run this stage without Ray (ray.workers: 0)." >&2
+    return 1
+}
+
 ray_stage() {  # K reasoner STAGE CONFIG: a Ray cluster on every node for the stage's engines
-    local port=$((MASTER_PORT + $1)) head_ip log head workers="" rc=0
+    local port=$((MASTER_PORT + $1)) head_ip address log head workers="" rc=0
     shift
-    head_ip=$(hostname --ip-address | awk '{print $1}')
+    head_ip=$(ray_head_ip) || return 1
+    address=$head_ip:$port
+    if [[ $head_ip == *:* ]]; then  # IPv6: bracketed where a port follows
+        address=[$head_ip]:$port
+    fi
     log=$RUN_DIR/ray-head-$SLURM_JOB_ID-$port.log
     "$PY" -m ray.scripts.scripts start --head --block --node-ip-address="$head_ip" \
         --port="$port" --include-dashboard=false "${RAY_RESOURCES[@]}" >"$log" 2>&1 &
@@ -78,11 +105,11 @@ ray_stage() {  # K reasoner STAGE CONFIG: a Ray cluster on every node for the st
     if ((NNODES > 1)); then
         srun --nodes=$((NNODES - 1)) --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" \
             --exclude="$MASTER_ADDR" --overlap \
-            "$PY" -m ray.scripts.scripts start --block --address="$head_ip:$port" \
+            "$PY" -m ray.scripts.scripts start --block --address="$address" \
             "${RAY_RESOURCES[@]}" &
         workers=$!
     fi
-    RAY_ADDRESS="$head_ip:$port" "$PY" -m "$@" || rc=$?
+    RAY_ADDRESS="$address" "$PY" -m "$@" || rc=$?
     # `ray start --block` takes its processes down with it (and srun its tasks' on each node)
     if [[ -n $workers ]]; then
         kill "$workers"
@@ -185,8 +212,11 @@ def write_script(recipe: RecipeConfig, recipe_path: Path, overrides: list[str],
              "# every node must see the run folder the first node writes in (checkpoints, shards",
              "# and final models are written there by all of them)",
              'torchrun_on_every_node "$MASTER_PORT" 1 -m reasoner check-folder "$RUN_DIR"',
-             "",
-             "stage() {  # NAME [--launch PREFIX]: one stage, skipped or resumed as reasoner run "
+             ""]
+    if any(placement(s) == "ray" for s in stages):
+        body += ["# the Ray stages' head needs an address the other nodes reach: refused now, not",
+                 "# after the stages before them", "ray_head_ip >/dev/null", ""]
+    body += ["stage() {  # NAME [--launch PREFIX]: one stage, skipped or resumed as reasoner run "
              "decides",
              '    "$PY" -m reasoner run "$RECIPE" "${ARGS[@]}" --no-plan --only "$@"',
              "}",

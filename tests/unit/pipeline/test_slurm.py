@@ -1,6 +1,8 @@
 """The batch script of `reasoner run --launcher slurm`: valid bash that shellcheck accepts, for
 GPU, Ascend and CPU nodes, with each stage given the launcher of its placement."""
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -95,3 +97,85 @@ def test_the_script_runs_every_stage_through_reasoner_run_only(tmp_path):
     # the run folder is checked on every node before the first stage
     assert text.index("check-folder") < text.index("\nstage ")
     assert f"#SBATCH --output={tmp_path / 'run'}/slurm-%j.out" in text
+
+
+# What the script's python and srun do in `ray_stage` here: each call is logged; Ray's `start`
+# blocks as it does (the head says it started), the stage returns once the worker's srun began.
+FAKE_PY = r'''#!/bin/bash
+echo "py $* RAY_ADDRESS=${RAY_ADDRESS:-}" >>"$STANDIN_LOG"
+if [[ " $* " == *" start "* ]]; then
+    if [[ " $* " == *" --head "* ]]; then echo "Ray runtime started"; fi
+    exec sleep 60
+fi
+for _ in $(seq 100); do
+    if grep -q "^srun " "$STANDIN_LOG"; then break; fi
+    sleep 0.1
+done
+'''
+FAKE_SRUN = r'''#!/bin/bash
+echo "srun $*" >>"$STANDIN_LOG"
+if [[ " $* " == *" check-folder "* ]]; then exit 0; fi
+exec sleep 60
+'''
+FAKE_SCONTROL = '#!/bin/bash\nprintf "node1\\nnode2\\n"\n'
+
+
+def ray_stage_on(tmp_path: Path, addresses: str, *args: str
+                 ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`bash SCRIPT ray_stage 1 reasoner verify CONFIG` (or `bash SCRIPT *args`) on the first of
+    two nodes whose `hostname` gives `addresses`; returns the run and the calls of python and
+    srun."""
+    from slurm_standins import install_hostname
+
+    path, text = script(tmp_path, PCL, cluster.Allocation(2, 8, "h100", 80.0),
+                        "verify.judge.ray.workers=4")
+    bin_dir = tmp_path / "bin"
+    env = {**os.environ, **install_hostname(bin_dir, addresses)}
+    for name, body in (("python", FAKE_PY), ("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    path.write_text(text.replace(f"PY={shlex.quote(sys.executable)}", f"PY={bin_dir}/python"))
+    log = tmp_path / "calls.log"
+    env.update(STANDIN_LOG=str(log), SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node[1-2]",
+               SLURM_JOB_NUM_NODES="2", SLURM_CPUS_ON_NODE="2", MASTER_PORT="20000")
+    args = args or ("ray_stage", "1", "reasoner", "verify", "x.yaml")
+    done = subprocess.run(["bash", str(path), *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+    return done, log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("addresses, ip, address", [
+    ("127.0.1.1 10.1.2.3", "10.1.2.3", "10.1.2.3:20001"),  # Debian's /etc/hosts: loopback first
+    ("fd00::5 fe80::1 10.1.2.3", "10.1.2.3", "10.1.2.3:20001"),  # IPv6 first: IPv4 preferred
+    ("fe80::1 fd00::5", "fd00::5", "[fd00::5]:20001"),  # IPv6 only: bracketed before the port
+], ids=["loopback-first", "ipv6-first", "ipv6-only"])
+def test_the_ray_head_takes_an_address_the_other_nodes_reach(tmp_path, addresses, ip, address):
+    done, seen = ray_stage_on(tmp_path, addresses)
+    assert done.returncode == 0, done.stderr
+    head, = [c for c in seen if "--head" in c]
+    assert f"--node-ip-address={ip} " in head
+    worker, = [c for c in seen if c.startswith("srun ")]  # the second node joins the head
+    assert f"--address={address} " in worker
+    assert f"py -m reasoner verify x.yaml RAY_ADDRESS={address}" in seen  # the stage joins too
+
+
+def test_a_node_with_only_loopback_addresses_is_refused(tmp_path):
+    """No Ray head on an address the other nodes cannot reach: one paragraph, a failed stage."""
+    done, seen = ray_stage_on(tmp_path, "127.0.1.1 ::1")
+    assert done.returncode != 0 and seen == []  # nothing started
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("reasoner: this node (node1) has no address the other nodes "
+                                  "can reach for the Ray head")
+    assert "ray.workers: 0" in done.stderr
+
+
+def test_a_job_with_ray_stages_and_no_reachable_head_stops_before_its_first_stage(tmp_path):
+    """Checked on the first node at the job's start, not hours later when a Ray stage comes."""
+    done, seen = ray_stage_on(tmp_path, "127.0.1.1", "")  # the whole job
+    assert done.returncode != 0 and "has no address the other nodes can reach" in done.stderr
+    assert [c for c in seen if "check-folder" in c] and not [c for c in seen if " run " in c]
+    done, seen = ray_stage_on(tmp_path, "127.0.1.1 10.1.2.3", "")
+    assert done.returncode == 0, done.stderr
+    assert any(c.startswith("py -m reasoner run ") for c in seen)
+    _, text = script(tmp_path, QUICKSTART, cluster.Allocation(1, 2, "cpu", None))
+    assert "ray_head_ip >/dev/null" not in text  # no Ray stage: nothing to check
