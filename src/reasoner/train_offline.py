@@ -36,7 +36,7 @@ from reasoner.models.vocab_layout import VocabSplit, vocab_split
 from reasoner.rl import behaviour, objectives, reference, token_rm
 from reasoner.rl.auxiliary import Auxiliary
 from reasoner.rl.objectives import GlobalCounts, Micro
-from reasoner.rl.rollouts import Batching, Rollouts, load_rollouts, sampling_of
+from reasoner.rl.rollouts import Batching, Rollouts, load_rollouts
 from reasoner.runlog import check_sinks
 from reasoner.training import schedule
 
@@ -141,16 +141,17 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
 
     sets = (lora.TRAINED, lora.REFERENCE) if obj.resident_reference else (lora.TRAINED,)
 
-    def load(source: str | Path, adapters: bool = True) -> training.Loaded:
+    def load(source: str | Path, adapters: bool = True, frozen: bool = False
+             ) -> training.Loaded:
         return training.load_policy(cfg.model, source, env, cfg.run.logprob_chunk,
                                     obj.logprob_temperature, attn.implementation, vocab,
                                     lora.Adapters.of(cfg.model.lora if adapters else None,
-                                                     source, cfg.run.seed, sets))
+                                                     source, cfg.run.seed, sets), frozen=frozen)
 
     batching = Batching.of(cfg, pad, attn.varlen)
     starting = load(cfg.model.name_or_path)
     starting.policy.eval()
-    recompute, said = behaviour.behaviour_logprobs(obj, data, sampling_of(cfg.input_dir))
+    recompute, said = behaviour.behaviour_logprobs(obj, data, cfg.input_dir)
     gap: dict[str, float] = {}
     if obj.needs_old_logprobs and not recompute:  # the stored ones will be pi_old: check them
         recompute, said, gap = behaviour.check_behaviour(obj, data, starting.policy, batching,
@@ -161,7 +162,7 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
                                                starting.policy, data, batching, env)
     ref_lp = start_lp
     if obj.needs_reference and cfg.reference is not None:  # a fixed anchor, not the start
-        anchor = load(cfg.reference, adapters=False).policy.eval()
+        anchor = load(cfg.reference, adapters=False, frozen=True).policy.eval()  # no fp32 copy
         ref_lp = reference.starting_logprobs(out / "anchor_logprobs",
                                              f"{cfg.input_dir} scored by {cfg.reference}", anchor,
                                              data, batching, env)

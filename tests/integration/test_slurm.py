@@ -156,8 +156,9 @@ def counts(record: dict) -> tuple[dict, dict]:
 
 
 def test_an_allocation_too_small_is_refused_before_submission(tmp_path, monkeypatch):
-    """The devices per node and their kind read from sinfo's GRES (h100: 80 GiB), the plan's
-    numbers in the refusal, and sbatch never called; 8 nodes pass and are submitted."""
+    """The devices per node and their kind read from sinfo's GRES (h100: 79.65 GiB, as
+    nvidia-smi reports it), the plan's numbers in the refusal, and sbatch never called; 8 nodes
+    pass and are submitted."""
     bin_dir = tmp_path / "bin"
     for key, value in install(bin_dir).items():
         monkeypatch.setenv(key, value)
@@ -167,9 +168,9 @@ def test_an_allocation_too_small_is_refused_before_submission(tmp_path, monkeypa
                    "1", "--partition", "gpu", cwd=REPO)
     assert out.returncode == 2
     said = " ".join(out.stderr.split())
-    assert "the allocation (1 node(s) x 8 h100 x 80 GiB) cannot run this recipe" in said
-    assert "stage sft: needs 115.0 GiB per device on 8 devices, has 80.0" in said
-    assert "stage train-offline: needs 89.5 GiB per device on 8 devices, has 80.0" in said
+    assert "the allocation (1 node(s) x 8 h100 x 79.65 GiB) cannot run this recipe" in said
+    assert "stage sft: needs 115.0 GiB per device on 8 devices, has 79.6" in said
+    assert "stage train-offline: needs 89.5 GiB per device on 8 devices, has 79.6" in said
     assert calls(bin_dir) == [{"cmd": "sinfo", "args": ["--noheader", "--Node", "--format=%G",
                                                         "--partition", "gpu"]}]  # no sbatch
     assert not (tmp_path / "run" / "recipe.sbatch").exists()

@@ -10,9 +10,13 @@ import typer
 from rich.table import Table
 
 from reasoner.cli.common import USER_ERRORS, OverridesArg, done, fail, logs, results, run_stage
-from reasoner.pipeline.plan import PEAK_TFLOPS
 
-Kind = Enum("Kind", {k: k for k in PEAK_TFLOPS if k != "cpu"}, type=str)  # --kind's choices
+# The device kinds of pipeline.plan.PEAK_TFLOPS (a test holds them equal). Named here, not
+# imported: plan imports torch, and a trainer's command must set HCCL's time-out before torch
+# loads (hccl.py); typer reads every command's options whichever command runs.
+DEVICE_KINDS = ("gpu", "h100", "h200", "a100", "l40s", "a10g", "l4", "rtx4090", "npu", "910b",
+                "cpu")
+Kind = Enum("Kind", {k: k for k in DEVICE_KINDS if k != "cpu"}, type=str)  # --kind's choices
 
 
 class Layout(str, Enum):
@@ -25,7 +29,7 @@ class Launcher(str, Enum):
     slurm = "slurm"
 
 
-NodeKind = Enum("NodeKind", {k: k for k in PEAK_TFLOPS}, type=str)  # --kind of a launch (cpu too)
+NodeKind = Enum("NodeKind", {k: k for k in DEVICE_KINDS}, type=str)  # --kind of a launch (cpu too)
 
 
 def run_recipe(
@@ -163,7 +167,10 @@ def plan_recipe(
     recipe: Annotated[Path, typer.Argument(help="recipe YAML", show_default=False)],
     overrides: OverridesArg = None,
     devices: Annotated[int, typer.Option("--devices", help="GPUs / NPUs in all")] = 8,
-    mem: Annotated[float, typer.Option("--device-mem-gib", help="memory of one device")] = 80.0,
+    mem: Annotated[float | None, typer.Option(
+        "--device-mem-gib", show_default=False,
+        help="memory of one device in GiB (default: what a device of --kind reports, e.g. "
+             "22.49 for l4; 80 for gpu / npu)")] = None,
     kind: Annotated[Kind, typer.Option(
         "--kind", help="device kind: its peak bf16 TFLOP/s times the step (gpu = h100)")] = "gpu",
     tflops: Annotated[float | None, typer.Option(
@@ -179,6 +186,7 @@ def plan_recipe(
     from reasoner.pipeline import plan
 
     kind, layout = Kind(kind).value, Layout(layout).value
+    mem = plan.device_mem_gib(kind, mem)
     bad = [f"{flag} {value:g} must be {rule}" for flag, value, rule, ok in (
         ("--devices", devices, "at least 1", devices >= 1),
         ("--device-mem-gib", mem, "above 0", mem > 0),
@@ -189,8 +197,8 @@ def plan_recipe(
         fail("plan", "; ".join(bad))
     plans = run_stage("plan", lambda: plan.plan_recipe(recipe, devices, mem, kind, mfu,
                                                        overrides, layout, tp, pp, tflops))
-    peak = tflops or PEAK_TFLOPS[kind]
-    table = Table(title=f"reasoner plan {recipe}: {devices} x {mem:g} GiB {kind} ({peak:g} "
+    peak = tflops or plan.PEAK_TFLOPS[kind]
+    table = Table(title=f"reasoner plan {recipe}: {devices} x {mem:.4g} GiB {kind} ({peak:g} "
                         f"TFLOP/s, MFU {mfu:g}), training layout {layout}", title_justify="left")
     for col in ("stage", "per device", "GiB", "need / have GiB", "s / step", "verdict"):
         table.add_column(col)

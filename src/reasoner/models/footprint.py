@@ -12,6 +12,10 @@ under sequence parallelism: the layer inputs only, plus one layer recomputed, wi
 checkpointing), and the lm-head's log-prob chunk in fp32 (this device's share of the
 vocabulary).
 
+Loading (`load_bytes`): the weights as they reach the device, before anything else is there:
+fp32 masters for a model that trains, a frozen model or LoRA base read in the compute dtype (it
+never reaches the device as a whole fp32 copy), plus a fixed reference scored beside the policy.
+
 Bytes per activation element, as the trainer holds them (`residual_bytes`; a test reads them
 off the first decoder layer's input in 1 and 2 processes): under FSDP2 the compute dtype's (a
 half-precision gather makes the residual stream half); in one process 4, whatever the compute
@@ -105,6 +109,22 @@ def scoring_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, logprob
             + 2 * s.hidden * residual_bytes(dtype_bytes, devices, adapters > 0)) * tokens
     weights = (dtype_bytes * s.params + 4 * adapters if adapters else 4 * s.params) / devices
     return weights + gathered + acts + 2 * 4 * min(logprob_chunk, tokens) * rows
+
+
+def load_bytes(s: Shape, devices: int, dtype_bytes: int, adapters: int = 0) -> float:
+    """Bytes per device of a trained model as `training.policy.load_wrapped` puts it on the
+    device, its largest moment while loading: fp32 master weights (4 bytes per parameter), or
+    with LoRA the base read in the compute dtype and the fp32 adapters (PEFT makes them in the
+    base's dtype; each is widened alone). Sharded over the devices under FSDP2."""
+    weights = dtype_bytes * s.params + 4 * adapters if adapters else 4 * s.params
+    return weights / devices
+
+
+def frozen_bytes(s: Shape, devices: int, dtype_bytes: int) -> float:
+    """Bytes per device of a frozen model loaded to score beside the policy (train-offline's
+    fixed `reference`): in the compute dtype in one process (`load_wrapped(frozen=True)`), fp32
+    shards under FSDP2 (`fsdp.load_sharded` builds a model without adapters in fp32)."""
+    return (dtype_bytes if devices == 1 else 4) * s.params / devices
 
 
 def megatron_bytes(s: Shape, devices: int, tokens: int, tp: int, pp: int, checkpointing: bool

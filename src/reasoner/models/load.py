@@ -127,12 +127,15 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
     return tok
 
 
-def load_model(cfg: ModelConfig, device: torch.device | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from an HF hub id or a local folder, on `device` in the configured dtype."""
+def load_model(cfg: ModelConfig, device: torch.device | None = None,
+               dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from an HF hub id or a local folder, on `device` in the configured
+    dtype (`dtype`: in this one instead). The weights are read on the host in that dtype and
+    moved to the device once: what reaches the device is never wider than asked for."""
     from transformers import AutoModelForCausalLM
 
     device = device or dev.pick_device(cfg.device)
-    dtype = dev.pick_dtype(cfg.dtype, device)
+    dtype = dtype or dev.pick_dtype(cfg.dtype, device)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from reasoner.models import sequence_parallel
-from reasoner.models.lm_head import compute_dtype, lowp_logits
+from reasoner.models.lm_head import compute_dtype, lowp_logits, times_weight
 from reasoner.models.sequence_parallel import SequenceGroup
 
 
@@ -38,7 +38,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         hidden, weight, targets = ctx.saved_tensors
         c = ctx.chunk_size
         acc = torch.promote_types(hidden.dtype, torch.float32)
-        wc, w = weight.to(ctx.compute), weight.to(acc)
+        # a trained head is widened whole beside its fp32 gradient sum; a frozen one (a LoRA
+        # base's, a reference's) never is: times_weight widens it a chunk of rows at a time
+        wc, w = weight.to(ctx.compute), weight.to(acc) if ctx.needs_input_grad[1] else weight
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
         with torch.autocast(hidden.device.type, enabled=False):
@@ -50,7 +52,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 dlogits = lowp_logits(h, wc, acc).softmax(-1).mul_(-g)  # (c, V)
                 dlogits.scatter_add_(1, targets[s:s + c, None], g)
                 if grad_h is not None:
-                    grad_h[s:s + c] = (dlogits @ w).to(hidden.dtype)
+                    grad_h[s:s + c] = times_weight(dlogits, w, c).to(hidden.dtype)
                 if grad_w is not None:
                     grad_w += dlogits.T @ h.to(acc)
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None

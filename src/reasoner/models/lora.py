@@ -140,7 +140,8 @@ def inject(model: nn.Module, lora: LoraSettings, sets: tuple[str, ...] = (TRAINE
            meta: bool = False, base_dtype: torch.dtype | None = None) -> nn.Module:
     """Wrap `model`'s target layers with the adapter `sets` in place (`meta`: adapters on the
     meta device, for a model built there); freeze everything but the trained set and hold the
-    frozen base in `base_dtype` (adapters stay fp32). Returns `model`."""
+    frozen base in `base_dtype`. Adapters are fp32 at least, whatever the base was loaded in
+    (PEFT makes them in the base's dtype: bf16 on a base read in bf16). Returns `model`."""
     peft = _peft()
     check_targets(model, lora)
     config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -150,7 +151,11 @@ def inject(model: nn.Module, lora: LoraSettings, sets: tuple[str, ...] = (TRAINE
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.requires_grad_(is_adapter(name) and f".{TRAINED}." in name)
-            if base_dtype is not None and not is_adapter(name) and p.is_floating_point():
+            if not p.is_floating_point():
+                continue
+            if is_adapter(name):
+                p.data = p.data.to(torch.promote_types(p.dtype, torch.float32))
+            elif base_dtype is not None:
                 p.data = p.data.to(base_dtype)
     _activate(model, TRAINED)
     return model

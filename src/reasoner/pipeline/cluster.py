@@ -17,14 +17,10 @@ from pathlib import Path
 
 from reasoner.device import HCCL_AIV_CAP_S, HCCL_CAP_S
 from reasoner.errors import ConfigError, InputError
-from reasoner.pipeline.plan import NPU_KINDS, PEAK_TFLOPS, plan_recipe
+from reasoner.pipeline.plan import DEVICE_MEM_GIB, NPU_KINDS, PEAK_TFLOPS, plan_recipe
 from reasoner.pipeline.recipe import RecipeConfig
 from reasoner.pipeline.resolve import StageRun
 
-# Memory of one device of each named kind (the vendors' data sheets), used when `--kind` is
-# given or read from sinfo and `--device-mem-gib` is not; `gpu` / `npu` name no one device.
-DEVICE_MEM_GIB = {"h100": 80.0, "h200": 141.0, "a100": 80.0, "l40s": 48.0, "a10g": 24.0,
-                  "l4": 24.0, "rtx4090": 24.0, "910b": 64.0}
 TRAINERS = ("sft", "train-offline")
 
 
@@ -43,7 +39,7 @@ class Allocation:
         return self.nodes * self.per_node
 
     def describe(self) -> str:
-        mem = f" x {self.mem_gib:g} GiB" if self.mem_gib else ""
+        mem = f" x {self.mem_gib:.4g} GiB" if self.mem_gib else ""  # 79.65, 22.49, 80
         return f"{self.nodes} node(s) x {self.per_node} {self.kind}{mem}"
 
 
@@ -59,10 +55,11 @@ def allocation(nodes: int, per_node: int | None, kind: str | None, mem_gib: floa
         per_node = per_node or found_count
     if kind == "cpu":
         return Allocation(nodes, per_node, kind, None)
-    mem = mem_gib or DEVICE_MEM_GIB.get(kind)
+    mem = mem_gib or DEVICE_MEM_GIB.get(kind)  # GiB as the device reports it (plan.py)
     if mem is None:
         raise ConfigError(f"the memory of one {kind} device is not known here: give "
-                          "--device-mem-gib (e.g. 80 for an H100, 64 for an Ascend 910B)")
+                          "--device-mem-gib in GiB as the device reports it (nvidia-smi's "
+                          "memory.total / 1024: 79.65 for an H100; 64 for an Ascend 910B)")
     return Allocation(nodes, per_node, kind, mem)
 
 

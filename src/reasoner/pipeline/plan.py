@@ -3,7 +3,8 @@ of it runs, ending in "fits" or "does not fit: change X".
 
 Training stages (sft, train-offline) are modelled as this project's trainer runs them
 (models/footprint.py: what each process holds, by component; models/vocab_layout.py: how the
-embedding and lm-head split). Generation stages (infer, eval, the judge) are modelled as vLLM
+embedding and lm-head split); a stage needs its largest moment: training, train-offline's
+scoring forward, or the loading of its weights (a note each), plus 10%. Generation stages (infer, eval, the judge) are modelled as vLLM
 runs them: weights split over tensor parallelism, the rest of `gpu_memory_utilization` for the
 KV cache, which must hold at least one sequence of `max_model_len` tokens.
 """
@@ -18,6 +19,8 @@ from reasoner.config import OfflineConfig, TrainerConfig
 from reasoner.errors import ConfigError
 from reasoner.models.footprint import (
     GIB,
+    frozen_bytes,
+    load_bytes,
     megatron_bytes,
     packed_mask_bytes,
     scoring_bytes,
@@ -33,6 +36,30 @@ PEAK_TFLOPS = {"gpu": 989.0, "h100": 989.0, "h200": 989.0, "a100": 312.0, "l40s"
                "a10g": 125.0, "l4": 121.0, "rtx4090": 165.0, "npu": 313.0, "910b": 313.0,
                "cpu": 1.0}
 NPU_KINDS = ("npu", "910b")
+
+# Memory of one device of each named kind in GiB (2**30 bytes) as the device reports it, not as
+# its data sheet names it ("24 GB" on an L4 is 22.49 GiB): nvidia-smi's memory.total (MiB) for
+# the NVIDIA kinds; `gpu`, `npu` and `cpu` name no one device. `reasoner plan --kind` and the
+# Slurm launcher's check (pipeline/cluster.py) read it when no --device-mem-gib is given.
+DEVICE_MEM_GIB = {
+    "h100": 81559 / 1024,  # H100 80GB HBM3: 81,559 MiB
+    "h200": 143771 / 1024,  # H200 141GB HBM3e: 143,771 MiB
+    "a100": 81920 / 1024,  # A100 80GB: 81,920 MiB (an A100 40GB has 40,960: give the memory)
+    "l40s": 46068 / 1024,  # 46,068 MiB
+    "a10g": 23028 / 1024,  # 23,028 MiB
+    "l4": 23034 / 1024,  # 23,034 MiB
+    "rtx4090": 24564 / 1024,  # 24,564 MiB
+    # npu-smi info's HBM-Usage total, 65,536 MB (that is MiB), as a 64 GB 910B part reports
+    # it (seen on a 910B4-1); it assumes a 64 GB part: give --device-mem-gib for a 32 GB one
+    "910b": 65536 / 1024,
+}
+DEFAULT_MEM_GIB = 80.0  # a kind that names no one device, without --device-mem-gib
+
+
+def device_mem_gib(kind: str, given: float | None = None) -> float:
+    """GiB of one device: `given` (--device-mem-gib), else what a device of `kind` reports
+    (DEVICE_MEM_GIB), else 80."""
+    return given or DEVICE_MEM_GIB.get(kind, DEFAULT_MEM_GIB)
 
 
 def step_seconds(s: Shape, tokens_per_step: int, seq_len: int, devices: int, tflops: float,
@@ -80,43 +107,37 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
     step = step_seconds(shape, per_step, cfg.row_tokens, devices, tflops or PEAK_TFLOPS[kind], mfu,
                         cfg.run.gradient_checkpointing)
     if layout == "mindspeed":
-        if devices % (tp * pp):
-            raise ConfigError(f"--devices {devices} is not a multiple of tp x pp = {tp * pp}")
-        offline = isinstance(cfg, OfflineConfig)  # PCL's fork: one unpacked sample per micro-batch
-        tokens = cfg.seq_len if offline else cfg.run.micro_batch * cfg.row_tokens
-        parts = megatron_bytes(shape, devices, tokens, tp, pp, cfg.run.gradient_checkpointing)
-        need = 1.1 * sum(parts.values()) / GIB
-        estimate = MemoryEstimate(name, cfg.__class__.__name__, model, devices,
-                                  {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
-                                  "fits" if need <= mem_gib else "does not fit: raise tp / pp")
-        if offline:
-            estimate.notes.append(f"PCL's MindSpeed-LLM fork (--stage opg, `reasoner export "
-                                  f"mindspeed`): micro-batch 1, one sample of up to {tokens:,} "
-                                  "tokens; its --swap-optimizer moves optimizer state to host "
-                                  "memory, counted here as resident")
-        return estimate
+        return _plan_mindspeed(name, cfg, shape, model, devices, mem_gib, step, tp, pp)
     refused = _sequence_parallel_refused(shape, model, sp, devices)
-    parts, vocab, scoring = _fsdp_parts(cfg, shape, devices, mem_gib, dtype_bytes, extra)
+    parts, vocab, peaks = _fsdp_parts(cfg, shape, devices, mem_gib, dtype_bytes, extra)
     additive = 0 if kind in NPU_KINDS else dtype_bytes  # torch_npu takes the bool mask as is
     mask = packed_mask_bytes(cfg.run.micro_batch, cfg.row_tokens, sp, additive) \
         if cfg.packing else 0
     masked = kind == "cpu" or cfg.model.attn_implementation in ("sdpa", "eager")
     if mask and masked:  # no varlen kernel: the block mask of every micro-batch (attention.py)
         parts["packed-row mask (T x T)"] = mask
-    scoring = scoring if scores else 0.0
-    need = 1.1 * max(sum(parts.values()), scoring) / GIB  # allocator fragmentation
+    if not scores:
+        del peaks["scoring"]
+    need = _need(parts, peaks)
     verdict = "fits"
     if refused:
         verdict = f"does not fit: {refused}"
+    elif need > mem_gib and peaks["loading"] >= max(sum(parts.values()), *peaks.values()):
+        verdict = (f"does not fit: loading the weights needs {need:.1f} GiB: use more devices "
+                   "(each then reads only its shards) or devices with more memory")
     elif need > mem_gib:
         verdict = "does not fit: " + _advice(cfg, shape, devices, mem_gib, dtype_bytes, extra,
                                              parts)
     estimate = MemoryEstimate(name, cfg.__class__.__name__, model, devices,
                               {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
                               verdict, vocab)
+    anchor = " and the fixed reference" if _anchor(cfg) else ""
+    estimate.notes.append(f"loading (the policy's weights{anchor} as they reach the device): "
+                          f"{1.1 * peaks['loading'] / GIB:.1f} GiB")
     if scores:
-        estimate.notes.append(f"scoring forward (reference / behaviour log-probs, no "
-                              f"gradient): {1.1 * scoring / GIB:.1f} GiB")
+        estimate.notes.append(f"scoring forward (reference / behaviour log-probs, no gradient"
+                              f"{'; the fixed reference beside the policy' if anchor else ''}): "
+                              f"{1.1 * peaks['scoring'] / GIB:.1f} GiB")
     if mask and not masked and kind != "cpu" and cfg.model.attn_implementation is None:
         kernel = ("flash-attn installed (pip install 'reasoner[flash]')" if kind not in NPU_KINDS
                   else "torch_npu's fused attention (flash_attention_2)")
@@ -129,14 +150,36 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
     return estimate
 
 
+def _plan_mindspeed(name: str, cfg: TrainerConfig, shape: Shape, model: str, devices: int,
+                    mem_gib: float, step: float, tp: int, pp: int) -> MemoryEstimate:
+    """`plan_training` of the stage as `reasoner export mindspeed` sets it up (TP x PP)."""
+    if devices % (tp * pp):
+        raise ConfigError(f"--devices {devices} is not a multiple of tp x pp = {tp * pp}")
+    offline = isinstance(cfg, OfflineConfig)  # PCL's fork: one unpacked sample per micro-batch
+    tokens = cfg.seq_len if offline else cfg.run.micro_batch * cfg.row_tokens
+    parts = megatron_bytes(shape, devices, tokens, tp, pp, cfg.run.gradient_checkpointing)
+    need = 1.1 * sum(parts.values()) / GIB
+    estimate = MemoryEstimate(name, cfg.__class__.__name__, model, devices,
+                              {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
+                              "fits" if need <= mem_gib else "does not fit: raise tp / pp")
+    if offline:
+        estimate.notes.append(f"PCL's MindSpeed-LLM fork (--stage opg, `reasoner export "
+                              f"mindspeed`): micro-batch 1, one sample of up to {tokens:,} "
+                              "tokens; its --swap-optimizer moves optimizer state to host "
+                              "memory, counted here as resident")
+    return estimate
+
+
 def _dtype_bytes(cfg: TrainerConfig, kind: str) -> int:
     fp32 = cfg.model.dtype == "float32" or (cfg.model.dtype == "auto" and kind == "cpu")
     return 4 if fp32 else 2
 
 
 def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
-                dtype_bytes: int, extra: float) -> tuple[dict[str, float], str, float]:
-    """This trainer's bytes per component, its vocabulary layout note, its scoring peak."""
+                dtype_bytes: int, extra: float
+                ) -> tuple[dict[str, float], str, dict[str, float]]:
+    """This trainer's bytes per component while training, its vocabulary layout note, and the
+    stage's two other peaks: its scoring forward and its loading."""
     tokens = cfg.micro_batch_tokens
     lora = cfg.model.lora
     adapters = shape.lora_params(lora.r, lora.target_modules) if lora is not None else 0
@@ -145,9 +188,25 @@ def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
                            cfg.run.logprob_chunk, extra, layout if devices > 1 else "whole",
                            adapters)
     vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
-    scoring = scoring_bytes(shape, devices, tokens, dtype_bytes, cfg.run.logprob_chunk,
-                            layout if devices > 1 else "whole", adapters)
-    return parts, vocab, scoring
+    # train-offline's fixed reference is loaded and scored while the policy is held
+    anchor = frozen_bytes(shape, devices, dtype_bytes) if _anchor(cfg) else 0.0
+    peaks = {"scoring": anchor + scoring_bytes(shape, devices, tokens, dtype_bytes,
+                                               cfg.run.logprob_chunk,
+                                               layout if devices > 1 else "whole", adapters),
+             "loading": anchor + load_bytes(shape, devices, dtype_bytes, adapters)}
+    return parts, vocab, peaks
+
+
+def _anchor(cfg: TrainerConfig) -> bool:
+    """Whether the stage loads a fixed reference model beside the policy (train-offline's
+    `reference`)."""
+    return isinstance(cfg, OfflineConfig) and cfg.reference is not None
+
+
+def _need(parts: dict[str, float], peaks: dict[str, float]) -> float:
+    """GiB per device the stage needs: its largest moment (training, scoring, loading), plus
+    10% for the allocator's fragmentation."""
+    return 1.1 * max(sum(parts.values()), *peaks.values()) / GIB
 
 
 def _sequence_parallel_refused(shape: Shape, model: str, sp: int, devices: int) -> str:
@@ -194,8 +253,8 @@ def _fitting_sequence_parallel(cfg: TrainerConfig, shape: Shape, devices: int, m
             continue
         trial = cfg.model_copy(update={"run": cfg.run.model_copy(
             update={"sequence_parallel": sp})})
-        parts, _, scoring = _fsdp_parts(trial, shape, devices, mem_gib, dtype_bytes, extra)
-        need = 1.1 * max(sum(parts.values()), scoring) / GIB
+        parts, _, peaks = _fsdp_parts(trial, shape, devices, mem_gib, dtype_bytes, extra)
+        need = _need(parts, peaks)
         if need <= mem_gib:
             return sp, need
     return None
@@ -222,13 +281,15 @@ def plan_generation(name: str, model: str, shape: Shape, dtype: str, tp: int, ut
                           utilization * mem_gib, None, verdict)
 
 
-def plan_recipe(path: Path, devices: int, mem_gib: float, kind: str = "gpu", mfu: float = 0.35,
-                overrides: list[str] | None = None, layout: str = "fsdp", tp: int = 8,
-                pp: int = 4, tflops: float | None = None) -> list[MemoryEstimate]:
-    """Every stage of a recipe, with the start model's shape for the models it trains."""
+def plan_recipe(path: Path, devices: int, mem_gib: float | None, kind: str = "gpu",
+                mfu: float = 0.35, overrides: list[str] | None = None, layout: str = "fsdp",
+                tp: int = 8, pp: int = 4, tflops: float | None = None) -> list[MemoryEstimate]:
+    """Every stage of a recipe, with the start model's shape for the models it trains;
+    `mem_gib` None: what a device of `kind` reports (`device_mem_gib`)."""
     from reasoner.pipeline.recipe import load_recipe
     from reasoner.pipeline.resolve import resolve
 
+    mem_gib = device_mem_gib(kind, mem_gib)
     recipe = load_recipe(path, overrides or [])
     stages = resolve(recipe, path.parent)
     start = next((s.config.model.name_or_path for s in stages if s.command == "sft"),

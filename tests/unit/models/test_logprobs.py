@@ -3,6 +3,8 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from reasoner.models.logprobs import token_logprobs
 
@@ -71,6 +73,52 @@ def test_under_autocast_backward_is_the_gradient_of_what_forward_returned(dtype)
     assert (ours.double() - ref).abs().max() < 1e-5
     for mine, exact in ((h.grad, hd.grad), (w.grad, wd.grad)):
         assert float((mine.double() - exact).norm() / exact.norm()) < 5e-5
+
+
+class Widened(TorchDispatchMode):
+    """Counts the fp32 tensors of `shape` that any op makes: whole fp32 copies of a weight."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape, self.made = shape, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 \
+                    and tuple(t.shape) == self.shape:
+                self.made += 1
+        return out
+
+
+def frozen_head_backward(w: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The hidden states' gradient through a frozen head `w` (300, 32) under bf16 autocast, and
+    the whole fp32 copies of `w` its backward made."""
+    g = torch.Generator().manual_seed(2)
+    h = (3 * torch.randn(40, 32, generator=g)).requires_grad_()
+    t = torch.randint(0, 300, (40,), generator=g)
+    coef = torch.randn(40, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        out = token_logprobs(h, w, t, 16)
+    with Widened(tuple(w.shape)) as seen:
+        (out * coef).sum().backward()
+    return h.grad, seen.made
+
+
+def test_a_frozen_half_precision_head_is_never_widened_whole_in_backward():
+    """A frozen bf16 lm-head (a LoRA base's; Qwen2.5-7B's would be a 2.03 GiB fp32 copy) is
+    widened 16 rows at a time in backward, never whole, and gives the gradient the whole fp32
+    copy gives, to fp32 rounding. A frozen fp32 head is used as it is: the same numbers as a
+    trained fp32 head, bit for bit."""
+    w = torch.randn(300, 32, generator=torch.Generator().manual_seed(3))
+    half = w.bfloat16()
+    grad, made = frozen_head_backward(half)
+    assert made == 0
+    widened, _ = frozen_head_backward(half.float())  # the same values, already fp32
+    assert torch.allclose(grad, widened, rtol=1e-5, atol=1e-6)
+    frozen, made_fp32 = frozen_head_backward(w)
+    trained, _ = frozen_head_backward(w.clone().requires_grad_())
+    assert made_fp32 == 0 and torch.equal(frozen, trained)
 
 
 def test_empty_selection():

@@ -71,6 +71,19 @@ def test_only_the_adapters_train_and_the_base_is_held_in_the_training_dtype(tiny
     assert in_optimizer == {id(p) for n, p in model.named_parameters() if n in trained}
 
 
+def test_adapters_on_a_base_read_in_bf16_are_fp32(tiny_model_dir):
+    """A base read in bf16 (how a bf16 run loads it: no fp32 copy of the whole model): PEFT
+    makes the adapters in the base's dtype, inject widens them to fp32 masters."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    lora.inject(model, LoraSettings(r=4, target_modules=["q_proj", "down_proj"]),
+                base_dtype=torch.bfloat16)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert {d for n, d in dtypes.items() if lora.is_adapter(n)} == {torch.float32}
+    assert {d for n, d in dtypes.items() if not lora.is_adapter(n)} == {torch.bfloat16}
+
+
 def test_fresh_adapters_start_as_the_base_and_alike_in_every_set(tiny_model_dir):
     base = tiny_model(tiny_model_dir)
     model = tiny_model(tiny_model_dir)

@@ -102,3 +102,29 @@ def test_the_allocation_needs_what_it_cannot_read():
     assert cluster.allocation(2, 8, "gpu", 40.0).mem_gib == 40.0
     assert cluster.allocation(2, 16, "910b", None) == cluster.Allocation(2, 16, "910b", 64.0)
     assert cluster.allocation(1, 2, "cpu", None).mem_gib is None
+
+
+LORA_7B = REPO / "configs/gsm8k_1gpu/recipe_7b_lora.yaml"
+
+
+def test_a_kinds_memory_is_what_the_device_reports():
+    """Without --device-mem-gib a named kind's memory is nvidia-smi's memory.total in GiB (MiB /
+    1024), not the data sheet's GB: an L4 and an A10G hold 22.49 GiB, an L40S 44.99, an H100
+    79.65. The launcher's check plans on it: the 7B LoRA recipe fits an L4, and with the
+    log-prob chunk it had (22.7 GiB) it is refused with those numbers."""
+    gib = {kind: cluster.allocation(1, 1, kind, None).mem_gib
+           for kind in ("l4", "a10g", "l40s", "h100")}
+    assert gib == {"l4": 23034 / 1024, "a10g": 23028 / 1024, "l40s": 46068 / 1024,
+                   "h100": 81559 / 1024}
+    assert [round(v, 2) for v in gib.values()] == [22.49, 22.49, 44.99, 79.65]
+    l4 = cluster.allocation(1, 1, "l4", None)
+    for overrides, fits in ((["run_dir=/nowhere"], True),
+                            (["run_dir=/nowhere", "rl.run.logprob_chunk=1024"], False)):
+        cfg = load_recipe(LORA_7B, overrides)
+        run = pipeline.resolve(cfg, LORA_7B.parent)
+        if fits:
+            cluster.check(LORA_7B, overrides, cfg, run, l4)
+            continue
+        with pytest.raises(ConfigError, match=r"stage rl: needs 22\.7 GiB per device on 1 "
+                                              r"devices, has 22\.5"):
+            cluster.check(LORA_7B, overrides, cfg, run, l4)

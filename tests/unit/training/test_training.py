@@ -1,4 +1,6 @@
-"""The training core: the lr schedule, metric reduction over micro-batches, the metrics file."""
+"""The training core: the lr schedule, metric reduction over micro-batches, the metrics file,
+and loading a model for training (`policy.load_wrapped`): a frozen model, a LoRA base or a fixed
+reference, is read in the training dtype, never as a whole fp32 copy; what trains is fp32."""
 
 import json
 import math
@@ -8,8 +10,9 @@ import pytest
 import torch
 
 from reasoner import training
-from reasoner.config import OptimConfig
-from reasoner.device import DistInfo
+from reasoner.config import LoraSettings, OptimConfig, TrainedModelConfig
+from reasoner.device import DistInfo, Env
+from reasoner.models import lora
 from reasoner.training import schedule
 
 
@@ -180,3 +183,82 @@ def test_fused_adamw_when_asked_is_adamw_with_its_two_groups():
         plain.step()
     for p, q in zip(model.parameters(), reference, strict=True):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+
+
+BF16 = Env(torch.device("cpu"), DistInfo(), torch.bfloat16)
+FP32 = Env(torch.device("cpu"), DistInfo(), torch.float32)
+SETTINGS = LoraSettings(r=4, alpha=8.0, target_modules=["q_proj", "down_proj"])
+
+
+@pytest.fixture
+def read_dtypes(monkeypatch) -> list:
+    """The dtype every `from_pretrained` of a causal LM is asked to read the weights in."""
+    from transformers import AutoModelForCausalLM
+
+    asked, real = [], AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("dtype"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    return asked
+
+
+def dtypes(model: torch.nn.Module) -> dict[str, set]:
+    found: dict[str, set] = {"adapters": set(), "base": set()}
+    for name, p in model.named_parameters():
+        found["adapters" if lora.is_adapter(name) else "base"].add(p.dtype)
+    return found
+
+
+def test_a_lora_base_is_read_in_the_training_dtype_and_only_the_adapters_are_fp32(
+        tiny_model_dir, read_dtypes):
+    """bf16 training: the base is read in bf16 (it was read in fp32 and cast on the device:
+    30.5 GB for Qwen2.5-7B), the adapters are fp32 masters (PEFT makes them in the base's
+    dtype), and both hold the values the fp32 read and cast gave, bit for bit."""
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    model = TrainedModelConfig(name_or_path=str(tiny_model_dir), lora=SETTINGS)
+    adapters = lora.Adapters(SETTINGS, (lora.TRAINED, lora.REFERENCE), seed=3)
+    loaded = training.load_policy(model, tiny_model_dir, BF16, chunk=64, adapters=adapters)
+    assert read_dtypes == [torch.bfloat16]
+    assert dtypes(loaded.model) == {"adapters": {torch.float32}, "base": {torch.bfloat16}}
+    trained = {n for n, p in loaded.model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n and f".{lora.TRAINED}." in n for n in trained)
+    assert loaded.model.config.dtype == torch.float32  # its checkpoints' config.json, as before
+
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
+                                                  attn_implementation="sdpa")
+    lora.inject(before, SETTINGS, adapters.sets, base_dtype=torch.bfloat16)
+    lora.initialise(before, adapters)
+    now = loaded.model.state_dict()
+    assert before.state_dict().keys() == now.keys()
+    for name, value in before.state_dict().items():
+        assert value.dtype == now[name].dtype and torch.equal(value, now[name]), name
+    buffers = dict(loaded.model.named_buffers())  # the rotary frequencies stay as they were
+    for name, value in before.named_buffers():
+        assert value.dtype == buffers[name].dtype and torch.equal(value, buffers[name]), name
+
+
+def test_a_frozen_reference_is_read_in_the_training_dtype(tiny_model_dir, read_dtypes):
+    """A fixed reference (`frozen`) is read in bf16, a model that trains in fp32 (its master
+    weights), and with fp32 training everything is read as before, in fp32."""
+    model = TrainedModelConfig(name_or_path=str(tiny_model_dir))
+    reference = training.load_policy(model, tiny_model_dir, BF16, chunk=64, frozen=True)
+    assert dtypes(reference.model)["base"] == {torch.bfloat16}
+    trained = training.load_policy(model, tiny_model_dir, BF16, chunk=64)
+    assert dtypes(trained.model)["base"] == {torch.float32}
+    training.load_policy(model, tiny_model_dir, FP32, chunk=64, frozen=True)
+    assert read_dtypes == [torch.bfloat16, torch.float32, torch.float32]
+
+
+def test_fp32_lora_loads_as_before(tiny_model_dir, read_dtypes):
+    """The quickstart's fp32 path: the base and adapters read and held in fp32."""
+    pytest.importorskip("peft")
+    model = TrainedModelConfig(name_or_path=str(tiny_model_dir), lora=SETTINGS)
+    loaded = training.load_policy(model, tiny_model_dir, FP32, chunk=64,
+                         adapters=lora.Adapters(SETTINGS, seed=0))
+    assert read_dtypes == [torch.float32]
+    assert dtypes(loaded.model) == {"adapters": {torch.float32}, "base": {torch.float32}}
