@@ -1,7 +1,7 @@
 """What bf16 costs on this CPU against fp32, and what `model.dtype: auto` picks here.
 
     python scripts/bench_cpu_dtype.py [--threads 1]
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python scripts/bench_cpu_dtype.py  # AVX2-only
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/bench_cpu_dtype.py  # AVX2-only
 
 Prints the CPU probe (reasoner.cpu), then for fp32 and bf16: a 1024^2 matmul's GFLOP/s (per
 thread), and the hf decode step of a 135M-shaped Llama (SmolLM2's widths, 4 of its 30 layers) at

@@ -7,8 +7,8 @@ Every CPU fast path asks here instead of assuming the machine it was written on:
 - the hf decode step's oneDNN weight prepack runs only where oneDNN's bf16 kernels can
   (`mkldnn_reorder_linear_weight` refuses a CPU without avx_ne_convert or AVX-512 BW/VL/DQ).
 
-`ATEN_CPU_CAPABILITY=avx2` and `ONEDNN_MAX_CPU_ISA=AVX2` make a newer CPU answer as an
-AVX2-only one (both libraries read them when torch loads); `REASONER_CPU_BF16=0` (or `1`) sets
+`ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2` and `MKL_ENABLE_INSTRUCTIONS=AVX2` make a
+newer CPU compute as an AVX2-only one (ATen, oneDNN and MKL read them when torch loads); `REASONER_CPU_BF16=0` (or `1`) sets
 whether bf16 counts as native for `auto`, whatever the probe says.
 """
 

@@ -21,8 +21,10 @@ AVX2 = cpu.CpuFeatures("AVX2", onednn_bf16=False, bf16_instructions=False, amx=F
 # kernels not using them
 ATEN_AVX2 = cpu.CpuFeatures("AVX2", onednn_bf16=True, bf16_instructions=True, amx=True)
 
-# what torch makes an AVX2-only CPU of any newer x86 one (both read when torch loads)
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# what torch makes an AVX2-only CPU of any newer x86 one (ATen, oneDNN and MKL's sgemm read them
+# when torch loads)
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 @pytest.fixture
