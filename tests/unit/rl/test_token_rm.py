@@ -83,10 +83,11 @@ def deciding_token_gaps(model_dir, seed: int, steps: int = 150, held_out: int = 
 
 
 # The gap over its standard error on seeds 0-9, 128 held-out negatives each (tests/unit/rl,
-# `deciding_token_gaps(..., seed)`): 19.0-28.4 on an AMX Xeon, 13.1-42.9 on the same machine
-# simulating an AVX2-only CPU (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2); the smallest gap
-# 0.36. The test before (after minus before within a response, 16 negatives) gave 1.6 on a real
-# AVX2 EPYC's seed 1 and -1.2 on the simulated one: a threshold of 3 was a coin toss there.
+# `deciding_token_gaps(..., seed)`): 19.0-28.4 on an AMX Xeon; on the same machine computing as
+# an AVX2-only CPU 13.1-42.9 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2) and 15.7-40.3 (with
+# MKL_ENABLE_INSTRUCTIONS=AVX2 too); the smallest gap 0.36. The test before (after minus before
+# within a response, 16 negatives) gave 1.6 on a real AVX2 EPYC's seed 1 and -1.2 simulated: a
+# threshold of 3 was a coin toss there.
 THRESHOLD = 3.0
 
 
