@@ -1,4 +1,5 @@
-"""`reasoner train-offline` in subprocesses: resume after SIGKILL, 1 vs 2 processes."""
+"""`reasoner train-offline` through the real CLI: resume after SIGKILL, 1 vs 2 processes, the
+stored behaviour log-probs of real infer and verify."""
 
 import json
 import signal
@@ -50,6 +51,33 @@ def test_resume_after_sigkill_same_weights(tmp_path, tiny_model_dir, verified_di
     assert manifest["complete"] and manifest["counts"]["resumed_from"] >= 2
     assert same(out / "final", tmp_path / "ref" / "final", 1e-6)
     assert "objective" in again.stdout and "dapo" in again.stdout
+
+
+@pytest.mark.slow
+def test_dapo_takes_the_stored_logprobs_of_samples_drawn_as_scored(tmp_path, synth_dir,
+                                                                   tiny_model_dir):
+    """Real infer (sampling.logprobs=true, temperature 1, no top-k / top-p) and verify, then
+    dapo: it follows the verified set's manifest to the samples' settings, takes the stored
+    log-probs as pi_old, and the first-samples check compares them with its own."""
+    samples, verified, out = tmp_path / "samples", tmp_path / "verified", tmp_path / "dapo"
+    made = reasoner("infer", REPO / "configs/quickstart/infer.yaml",
+                    f"model.name_or_path={tiny_model_dir}", f"output_dir={samples}",
+                    f"data.path={synth_dir / 'train_problems'}", "data.limit=6", "sampling.n=4",
+                    "sampling.max_tokens=16", "sampling.temperature=1.0", "sampling.top_k=0",
+                    "sampling.top_p=1.0", "progress=false")
+    assert made.returncode == 0, made.stderr
+    made = reasoner("verify", REPO / "configs/quickstart/verify.yaml", f"input_dir={samples}",
+                    f"output_dir={verified}", "filters.drop_zero_variance=false", "workers=1",
+                    "progress=false")  # the random tiny model gets every problem wrong
+    assert made.returncode == 0, made.stderr
+    run = reasoner(*args(tiny_model_dir, verified, out, "objective={name: dapo}"))
+    assert run.returncode == 0, run.stderr
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert counts["behaviour_logprobs"].startswith(
+        "stored by infer (stored vs trainer on 16 samples: mean |Δ| 0.0000, max 0.0000")
+    assert counts["behaviour_max_abs_diff"] < 1e-4  # hf's sampler scores as the trainer does
+    assert abs(counts["behaviour_ratio_mean"] - 1) < 1e-4
+    assert "stored by infer" in run.stdout
 
 
 OBJECTIVES = [

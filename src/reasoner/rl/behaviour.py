@@ -4,21 +4,25 @@ the stored ones are the trainer's own at theta_old.
 Stored log-probs are those of the distribution the sampler drew from (logits / T, top-k,
 top-p) computed by the sampler's kernels. The clipped objectives assume the ratio pi / pi_old
 is 1 at theta_old; that holds only when the policy is scored at the same temperature over the
-whole vocabulary with the same numerics. `behaviour_logprobs` decides from the sampling
-settings; `check_behaviour` scores the first samples with the starting policy and compares.
+whole vocabulary with the same numerics. `behaviour_logprobs` decides from the samples'
+sampling settings (`sampling_of` follows the Verified shard's manifest to the samples' own);
+`check_behaviour` scores the first samples with the starting policy and compares.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from reasoner import device as dev
+from reasoner import outputs, shards
 from reasoner.config import ObjectiveConfig
 from reasoner.device import Env
-from reasoner.errors import TrainingError
+from reasoner.errors import ShardError, TrainingError
 from reasoner.rl import reference
 from reasoner.rl.rollouts import Batching, Rollouts
 
@@ -53,49 +57,96 @@ def behaviour_gap(stored: list[list[float]], scored: list[list[float]]) -> dict[
     return gap_of(*gap_parts(stored, scored))
 
 
-def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, sampling: dict | None = None
+@dataclass(frozen=True)
+class Drawn:
+    """How the samples of a Verified shard were drawn, as infer recorded it (`settings`: its
+    `sampling` config), or why that cannot be known (`unknown_because`)."""
+
+    settings: dict | None
+    unknown_because: str = ""
+
+
+def sampling_of(verified_dir: Path) -> Drawn:
+    """Follow the Verified shard's manifest to the samples it was made from (verify records the
+    folder it read, and what that folder was then) and read infer's sampling settings there. A
+    broken chain is no error: the stored log-probs are then recomputed, and `Drawn` says why."""
+    manifest = shards.read_manifest(verified_dir) or {}
+    inputs = manifest.get("inputs") or {}
+    key = "input_dir" if "input_dir" in inputs else "samples"  # older verify: "samples"
+    source = inputs.get(key)
+    if not source:
+        return Drawn(None, f"{Path(verified_dir) / shards.MANIFEST} names no samples folder (a "
+                           "Verified shard made by hand or by an older reasoner); rerun "
+                           "`reasoner verify` on the samples")
+    try:
+        samples = shards.read_manifest(source)
+    except ShardError as exc:  # a broken manifest of the samples: say so, recompute
+        return Drawn(None, str(exc))
+    if samples is None:
+        return Drawn(None, f"{source}, the samples {verified_dir} was verified from, has no "
+                           f"{shards.MANIFEST} (moved or deleted since; a relative path is read "
+                           "from the current folder)")
+    then = ((manifest.get("input_identity") or {}).get(key) or {}).get("digest")
+    if then is not None and outputs.input_identity("shard folder", source)["digest"] != then:
+        return Drawn(None, f"{source} has changed since {verified_dir} was verified from it "
+                           "(infer rerun there?), so its settings may not be these samples'")
+    settings = (samples.get("config") or {}).get("sampling")
+    if not isinstance(settings, dict):
+        return Drawn(None, f"{Path(source) / shards.MANIFEST} records no sampling settings")
+    return Drawn(settings)
+
+
+def _mismatch(obj: ObjectiveConfig, sampling: dict | None) -> list[str]:
+    """Why the distribution the samples were drawn from is not the one the policy is scored
+    on: another temperature, a truncation (empty when they match or are unknown)."""
+    if sampling is None:
+        return []
+    found = []
+    t = sampling.get("temperature", 1.0)
+    if abs(t - obj.logprob_temperature) > 1e-9:
+        found.append(f"sampled at temperature {t}, scored at objective.logprob_temperature "
+                     f"{obj.logprob_temperature}")
+    if (sampling.get("top_k") or 0) > 0 or sampling.get("top_p", 1.0) < 1.0:
+        found.append(f"sampled with top_k {sampling.get('top_k')} / top_p "
+                     f"{sampling.get('top_p')}, which truncate the distribution")
+    return found
+
+
+def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, verified_dir: Path
                        ) -> tuple[bool, str]:
     """(recompute them with the starting model?, where they come from, in words).
 
     Stored log-probs are those of the distribution the sampler drew from: logits / T, top-k,
     top-p. The policy is scored at logprob_temperature over the whole vocabulary, so the
     ratio pi/pi_old is 1 at theta_old only when T matches and nothing was truncated; `auto`
-    recomputes them otherwise, an explicit `samples` with another temperature is an error.
+    uses them only then (the settings read through `sampling_of`) and recomputes them
+    otherwise; an explicit `samples` with another temperature is an error. Objectives without
+    a ratio read nothing here.
     """
     if not obj.needs_old_logprobs:
         return False, "not used"
-    mismatch = []
-    if sampling is not None:
-        t = sampling.get("temperature", 1.0)
-        if abs(t - obj.logprob_temperature) > 1e-9:
-            mismatch.append(f"sampled at temperature {t}, scored at objective."
-                            f"logprob_temperature {obj.logprob_temperature}")
-        if (sampling.get("top_k") or 0) > 0 or sampling.get("top_p", 1.0) < 1.0:
-            mismatch.append(f"sampled with top_k {sampling.get('top_k')} / top_p "
-                            f"{sampling.get('top_p')}, which truncate the distribution")
     mode = obj.old_logprobs
     if data.old_logp is None and mode != "recompute" and not obj.allow_recompute:
         raise TrainingError(
             f"objective {obj.name} needs the behaviour log-probs of the samples, and "
             f"{data.keys[0]} has none: rerun `reasoner infer` with sampling.logprobs=true, "
             "or set objective.allow_recompute=true to use the starting model's log-probs")
-    if mode == "auto":
-        mode = "samples" if data.old_logp is not None and sampling is not None and not mismatch \
-            else "recompute"
-        if mode == "recompute":
-            why = "; ".join(mismatch) if mismatch else (
-                "the samples carry none" if data.old_logp is None else
-                "the samples' sampling settings are unknown")
-            return True, f"recomputed by the starting model ({why})"
     if mode == "recompute":
         return True, "recomputed by the starting model (objective.old_logprobs=recompute)"
     if data.old_logp is None:
         return True, "recomputed by the starting model (the samples carry none)"
+    drawn = sampling_of(verified_dir)
+    mismatch = _mismatch(obj, drawn.settings)
+    unknown = f"the samples' sampling settings are unknown: {drawn.unknown_because}"
+    if mode == "auto" and (mismatch or drawn.settings is None):
+        return True, f"recomputed by the starting model ({'; '.join(mismatch) or unknown})"
+    if drawn.settings is None:
+        return False, f"stored by infer, as objective.old_logprobs=samples asks ({unknown})"
     if mismatch and mismatch[0].startswith("sampled at temperature"):
         raise TrainingError(
             f"objective.old_logprobs=samples, but the samples were {mismatch[0]}: the ratio "
             f"would not be 1 at theta_old. Set objective.logprob_temperature="
-            f"{sampling['temperature']}, or objective.old_logprobs=auto to recompute them")
+            f"{drawn.settings['temperature']}, or objective.old_logprobs=auto to recompute them")
     if mismatch:
         return False, f"stored by infer ({mismatch[-1]}: the ratio is below 1 at theta_old)"
     return False, "stored by infer"

@@ -193,11 +193,3 @@ def _write(cfg: OfflineConfig, tokenizer: Any, path: Path) -> None:
         raise TrainingError(f"{cfg.input_dir}: the Verified shard holds no samples")
     shards.atomic_write_text(path.with_suffix(".json"), json.dumps({"dropped": dropped}))
 
-
-def sampling_of(verified_dir) -> dict | None:
-    """The sampling settings (temperature, top_k, top_p, ...) of the samples a Verified shard
-    was made from, read from the manifests (None when they cannot be found)."""
-    manifest = shards.read_manifest(verified_dir) or {}
-    source = (manifest.get("inputs") or {}).get("samples")
-    samples = shards.read_manifest(source) if source else None
-    return ((samples or {}).get("config") or {}).get("sampling")
