@@ -119,3 +119,68 @@ def test_eval_compare_marks_significance(tmp_path):
     assert [r["significant"] for r in result["runs"]] == [False, True, False]
     assert result["runs"][1]["diff"] == pytest.approx(0.25)
     assert "| yes |" in out.stdout and (tmp_path / "cmp" / "compare.png").exists()
+
+
+def test_own_data_in_one_line(tiny_model_dir, tmp_path):
+    """Issue 51, finding 8: `eval bench --data mine.parquet` with a `gold` column just runs
+    (and says which column it read); a column of another name is mapped with `--field` or
+    `data.0.fields`, which the missing-field error names, spelled with the data's own column."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{"qid": f"q{i}", "question": f"Tom has {i} apples and gets 1 more. How many?",
+             "gold": str(i + 1)} for i in range(6)]
+    mine, other = tmp_path / "mine.parquet", tmp_path / "other.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), mine)
+    pq.write_table(pa.Table.from_pylist([{"qid": r["qid"], "question": r["question"],
+                                          "result": r["gold"]} for r in rows]), other)
+    quick = ["sampling.n=1", "sampling.max_tokens=4", "backend=hf", "bootstrap=100",
+             "progress=false"]
+    run = reasoner("eval", "bench", tiny_model_dir, "--data", mine, *quick, "--out", tmp_path / "e1")
+    assert f'[data] {mine}: "answer" read from the column "gold"' in run.stderr
+    assert json.loads((tmp_path / "e1" / "report.json").read_text())["problems"] == 6
+    failed = tests_helpers.reasoner("eval", "bench", tiny_model_dir, "--data", other, *quick,
+                                    "--out", tmp_path / "e2", cwd=REPO)
+    said = " ".join(failed.stderr.split())
+    assert failed.returncode == 2 and f'{other}:row 1: missing field "answer"' in said
+    assert "--field answer=result (eval bench)" in said, said
+    reasoner("eval", "bench", tiny_model_dir, "--data", other, "--field", "answer=result",
+             "data.0.fields.id=qid", *quick, "--out", tmp_path / "e3")
+    report = json.loads((tmp_path / "e3" / "report.json").read_text())
+    assert [p["id"] for p in report["per_problem"]] == [f"q{i}" for i in range(6)]
+    assert report["config"]["data"][0]["fields"] == {"answer": "result", "id": "qid"}
+
+
+def test_eval_warns_when_it_cannot_check_or_differs_from_the_trained_prompt(capsys):
+    """Issue 51, finding 12: a trained model whose reasoner.json records `"template": {}` (as
+    train-offline wrote for the SmolLM2 recipe) gave no warning whatever the eval prompted
+    with; a recorded system prompt that the eval's differs from is warned about."""
+    import tempfile
+
+    from reasoner.config import EvalConfig
+    from reasoner.eval import with_trained_template
+
+    with tempfile.TemporaryDirectory() as model:
+        record = Path(model) / "reasoner.json"
+
+        def cfg(**template):
+            return EvalConfig.model_validate({"model": {"name_or_path": model}, "output_dir": "o",
+                                              **({"template": template} if template else {})})
+
+        record.write_text(json.dumps({"trained_by": "reasoner", "template": {}}))
+        with_trained_template(cfg(system_prompt="Solve it."))
+        assert (f"warning: {record} records no prompt template, so this eval cannot check that "
+                "it prompts as the model was trained") in capsys.readouterr().err
+        record.write_text(json.dumps({"built_by": "reasoner model import"}))  # never trained
+        with_trained_template(cfg(system_prompt="Solve it."))
+        assert capsys.readouterr().err == ""
+        record.write_text(json.dumps({"trained_by": "reasoner",
+                                      "template": {"system_prompt": "Two worked examples.",
+                                                   "instruction": ""}}))
+        assert with_trained_template(cfg()).template.system_prompt == "Two worked examples."
+        assert "prompting as" in capsys.readouterr().err
+        with_trained_template(cfg(system_prompt="Solve it.", instruction=""))
+        assert ("warning: template.system_prompt differ from what "
+                f"{model} was trained with ('Two worked examples.')") in capsys.readouterr().err
+        with_trained_template(cfg(system_prompt="Two worked examples.", instruction=""))
+        assert capsys.readouterr().err == ""

@@ -12,7 +12,6 @@ from reasoner.cli.common import (
     OverridesArg,
     done,
     fail,
-    load_config,
     logs,
     results,
     run_stage,
@@ -35,26 +34,32 @@ TargetArg = Annotated[str, typer.Argument(help="model (HF id or folder) or an ev
                                           show_default=False)]
 
 
-def _eval_config(target: str, benchmark: str | None, data: list, out: Path | None,
+def _eval_config(name: str, target: str, benchmark: str | None, data: list, out: Path | None,
                  overrides: list[str] | None, explicit: bool = True) -> EvalConfig:
     """An EvalConfig from a YAML file, or from the recipe defaults plus a model id/folder.
 
     `data` replaces the config's sources when `explicit` (given with --data), else fills them
-    only when the config names none.
+    only when the config names none. They go in before the overrides, so `data.0.split=test`
+    or `data.0.fields.answer=gold` applies to the first --data.
     """
+    from reasoner.config import load
+
     overrides = list(overrides or [])
     if target.endswith((".yaml", ".yml")):
         path: Path | None = Path(target)
     else:
         path = None
-        name = Path(target.rstrip("/")).name or target
+        model = Path(target.rstrip("/")).name or target
         overrides = [f"model.name_or_path={target}",
-                     f"output_dir={out or Path('runs/eval') / benchmark / name}", *overrides]
+                     f"output_dir={out or Path('runs/eval') / benchmark / model}", *overrides]
     if benchmark is not None:  # else the YAML's own benchmark name stands
         overrides.append(f"benchmark={benchmark}")
-    cfg = load_config("eval", STAGES["eval"].config, path, overrides)
-    if data and (explicit or not cfg.data):
-        cfg.data = data
+    config = STAGES["eval"].config
+    if data and not explicit:  # the given sources only where the config names none
+        explicit = not run_stage(name, lambda: load(config, path, overrides)).data
+    sources = ({"data": [d.model_dump(mode="json", exclude_defaults=True) for d in data]}
+               if data and explicit else None)
+    cfg = run_stage(name, lambda: load(config, path, overrides, sources))
     if out is not None:
         cfg.output_dir = out
     return cfg
@@ -96,7 +101,8 @@ def eval_aime(
     for i, y in enumerate(years):
         sources = run_stage(f"eval aime {y}", lambda i=i: [local(data[i])]) if data else AIME[y]
         sub = (out / AIME_NAMES[y]) if out and len(years) > 1 else out
-        cfg = _eval_config(target, AIME_NAMES[y], sources, sub, overrides, explicit=bool(data))
+        cfg = _eval_config(f"eval aime {y}", target, AIME_NAMES[y], sources, sub, overrides,
+                           explicit=bool(data))
         result = run_stage(f"eval aime {y}", lambda cfg=cfg: STAGES["eval"].run(cfg))
         _eval_summary(result)
         done(f"eval aime {y}")
@@ -106,18 +112,27 @@ def eval_aime(
 def eval_bench(
     target: TargetArg,
     overrides: OverridesArg = None,
-    data: Annotated[list[Path] | None, typer.Option("--data", help="problem file(s)")] = None,
+    data: Annotated[list[Path] | None, typer.Option(
+        "--data", help="problem file(s) (.jsonl, .json, .parquet), shard folder(s) or HF "
+                       "dataset id(s); subset/split: data.0.subset=main data.0.split=test")] = None,
+    field: Annotated[list[str] | None, typer.Option(
+        "--field", help="map a field of every --data: OURS=THEIRS, e.g. answer=gold or "
+                        "problem=question (repeatable); as data.N.fields in a config")] = None,
     name: Annotated[str | None, typer.Option("--name", help="benchmark name in reports")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="output folder")] = None,
 ) -> None:
     """Any problem file (GSM8K, AMC, Minerva, the synthetic test split), same metrics."""
-    from reasoner.eval.benchmarks import local
+    from reasoner.eval.benchmarks import field_mapping, local
 
-    sources = run_stage("eval bench", lambda: [local(d) for d in data or []])
+    if field and not data:
+        fail("eval bench", "--field maps the fields of --data: give --data too (or set "
+                           "data.0.fields.OURS=THEIRS for the config's own sources)")
+    fields = run_stage("eval bench", lambda: field_mapping(field or []))
+    sources = run_stage("eval bench", lambda: [local(d, fields) for d in data or []])
     bench = name
     if bench is None and not target.endswith((".yaml", ".yml")):
         bench = Path(data[0]).stem if data else "bench"
-    cfg = _eval_config(target, bench, sources, out, overrides)
+    cfg = _eval_config("eval bench", target, bench, sources, out, overrides)
     result = run_stage("eval bench", lambda: STAGES["eval"].run(cfg))
     _eval_summary(result)
     done("eval bench")

@@ -195,7 +195,7 @@ def explain(
         summary(f"{r['id']} sample {r['sample_idx']}", [
             ("reference", r["reference"]), ("extracted", r["extracted"]),
             ("reference read as", r["reference_read_as"]), ("answer read as", r["answer_read_as"]),
-            ("rule verdict", f"{r['rule']}: {r['reason']}"),
+            ("response ended", r["ended"]), ("rule verdict", f"{r['rule']}: {r['reason']}"),
             *([("recorded", f"{r['recorded']} ({r['verifier']})")] if r["recorded"] else []),
             *([("judge said", r["judge_output"])] if r["judge_output"] else []),
             ("response ends", r["response_tail"])])

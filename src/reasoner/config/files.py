@@ -52,17 +52,31 @@ def parse_overrides(overrides: list[str]) -> dict[tuple[str, ...], Any]:
 
 
 def _set_path(data: dict, path: tuple[str, ...], value: Any, origin: str) -> None:
-    node = data
-    for depth, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
+    """Set `a.b.c` in nested dicts; a number indexes a list (`data.0.fields.answer`: the first
+    data source's)."""
+    node: dict | list = data
+    for depth, part in enumerate(path):
+        last = depth == len(path) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"override {origin!r}: {'.'.join(path[:depth])} is a list of {len(node)}; "
+                    f"index it with 0 to {len(node) - 1} (got {part!r})")
+            part = int(part)
+        elif not last and node.get(part) is None:
+            if path[depth + 1].isdigit():
+                raise ConfigError(f"override {origin!r}: {'.'.join(path[: depth + 1])} holds no "
+                                  "list to index here; set the list first "
+                                  f"({'.'.join(path[: depth + 1])}=[...])")
+            node[part] = {}
+        if last:
+            node[part] = value
+            return
+        if not isinstance(node[part], dict | list):
             raise ConfigError(
                 f"override {origin!r}: {'.'.join(path[: depth + 1])} is a value, not a section"
             )
-        node = child
-    node[path[-1]] = value
+        node = node[part]
 
 
 def _members(ann: Any) -> list[type[BaseModel]]:
@@ -81,6 +95,9 @@ def _walk(model_cls: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | Non
     path: list[str] = []
     tag = None
     for part in loc:
+        if part.isdigit():  # an item of a list: the list's own model holds its fields
+            path.append(part)
+            continue
         if len(options) > 1:  # a tagged union: this part names the member
             chosen = [m for m in options if m.model_fields.get("name") is not None
                       and m.model_fields["name"].default == part]
@@ -123,8 +140,9 @@ def _describe(err: dict, model_cls: type[BaseModel], source: str, path: Path | N
     dotted = ".".join(loc)
     where = source
     n = len(loc)
-    origin = next((text for key, text in overrides.items()
-                   if loc[: len(key)] == key or key[:n] == loc), None)
+    matching = [(len(key), text) for key, text in overrides.items()
+                if loc[: len(key)] == key or key[:n] == loc]
+    origin = max(matching)[1] if matching else None  # the most specific: `data.0.x`, not `data`
     if origin is not None:
         where = f"override '{origin}'"
     elif path is not None:

@@ -30,6 +30,8 @@ from reasoner.outputs import without
 # --------------------------------------------------------------------------------------------
 # What every stage config answers
 
+OVERWRITE = "redo the run: first remove what this stage wrote in output_dir (your files stay)"
+
 
 class StageConfig(Strict):
     """A stage's config: what decides its output (`result_config`: the config less the settings
@@ -126,7 +128,7 @@ class SynthConfig(StageConfig):
         "seems fine.'), two per step; recheck: each step written again as 'check: ...' (which "
         "the tiny model uses as a second try)")
     template: TemplateConfig = Field(default_factory=TemplateConfig, description="tags and wording")
-    overwrite: bool = Field(False, description="replace an existing output folder")
+    overwrite: bool = Field(False, description=OVERWRITE)
 
     def inputs(self) -> list[Input]:
         return []
@@ -148,8 +150,7 @@ class SFTConfig(TrainerConfig):
         None, description="token cache folder; default output_dir/token_cache")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and schedule")
     run: RunConfig = Field(default_factory=RunConfig, description="batching, checkpoints, logging")
-    overwrite: bool = Field(False, description="replace an output folder made with another "
-                            "config or from other inputs")
+    overwrite: bool = Field(False, description=OVERWRITE)
 
     def inputs(self) -> list[Input]:
         return [Input("model.name_or_path", self.model.name_or_path, "model folder"),
@@ -177,7 +178,7 @@ class InferConfig(StageConfig):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings")
     ray: RayConfig = Field(default_factory=RayConfig, description="run the engines on Ray actors")
     server: gen.ServerConfig = Field(default_factory=gen.ServerConfig, description="backend openai's")
-    overwrite: bool = Field(False, description="discard an output folder written with another config")
+    overwrite: bool = Field(False, description=OVERWRITE)
     progress: bool = Field(True, description="show a progress bar")
     shard: int = Field(0, ge=0, description="this worker's part of the problems (`--shard R`); "
                        "not part of the folder's identity")
@@ -256,8 +257,7 @@ class VerifyConfig(StageConfig):
     filters: FilterConfig = Field(default_factory=FilterConfig, description="filters")
     decontam: DecontamConfig = Field(default_factory=DecontamConfig, description="decontamination")
     progress: bool = Field(True, description="show a progress bar")
-    overwrite: bool = Field(False, description="replace an output folder made with another "
-                            "config or from other inputs")
+    overwrite: bool = Field(False, description=OVERWRITE)
 
     def inputs(self) -> list[Input]:
         found = [Input("input_dir", str(self.input_dir), "shard folder")]
@@ -300,9 +300,9 @@ class EvalConfig(StageConfig):
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="optional LLM judge")
     workers: int = Field(2, ge=1, description="rule-verifier worker processes")
     timeout_s: float = Field(5.0, gt=0, description="hard limit per rule check")
-    length_buckets: list[int] = Field(
-        [4096, 8192, 16384, 32768], description="response-token bucket edges for accuracy by length"
-    )
+    length_buckets: list[int] | None = Field(
+        None, description="response-token bucket edges for accuracy by length; null: the "
+        "quartiles of the response lengths (buckets that follow the data)")
     bootstrap: int = Field(1000, ge=100, description="bootstrap resamples for the 95% interval")
     seed: int = Field(0, description="bootstrap seed")
     tracking: list[Literal["tensorboard", "wandb"]] = Field(
@@ -312,8 +312,7 @@ class EvalConfig(StageConfig):
     run_name: str | None = Field(None, description="wandb run name; default: the output "
                                  "folder's name")
     progress: bool = Field(True, description="show progress bars")
-    overwrite: bool = Field(False, description="replace an eval folder made with another "
-                            "config or from other inputs")
+    overwrite: bool = Field(False, description=OVERWRITE)
 
     @model_validator(mode="after")
     def _server(self) -> EvalConfig:
@@ -350,8 +349,7 @@ class OfflineConfig(TrainerConfig):
         default_factory=lambda: RunConfig(global_batch=128),
         description="global_batch counts samples here; micro_batch counts rows",
     )
-    overwrite: bool = Field(False, description="replace an output folder made with another "
-                            "config or from other inputs")
+    overwrite: bool = Field(False, description=OVERWRITE)
 
     @model_validator(mode="after")
     def _reference_is_used(self) -> OfflineConfig:

@@ -6,8 +6,9 @@ other column names need no conversion step. Chat data is read natively in both s
 (`messages` of `role` / `content`) and ShareGPT (`conversations` of `from` / `value`, roles
 human / gpt / assistant / system, an optional top-level `system` column). Problem rows without
 a `problem` or `answer` column take the first of the usual names (question / prompt / query;
-ground_truth / expected_answer / final_answer). A bad row is reported as `path:line: what is
-wrong` (`hf://id[split]:row N` for hub datasets).
+ground_truth / expected_answer / final_answer / gt_answer / gold / target / label), and say so
+once on stderr; one with neither is an error naming the mapping that fixes it. A bad row is
+reported as `path:line: what is wrong` (`hf://id[split]:row N` for hub datasets).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from reasoner.records import Problem, Row, SFTExample
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
          "model": "assistant", "bot": "assistant", "system": "system"}
 PROBLEM_NAMES = ("question", "prompt", "query")
-ANSWER_NAMES = ("ground_truth", "expected_answer", "final_answer", "gt_answer")
+ANSWER_NAMES = ("ground_truth", "expected_answer", "final_answer", "gt_answer", "gold", "target",
+                "label")
+NAMES = {"problem": PROBLEM_NAMES, "answer": ANSWER_NAMES}
 
 
 def _located(cfg: DataConfig) -> Iterator[tuple[str, dict]]:
@@ -126,8 +129,10 @@ def as_messages(turns: list, system: object, where: str) -> list[dict]:
     return out
 
 
-def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str) -> dict:
-    """Our field names, from the mapping, the chat shape and the usual column names."""
+def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str,
+              guessed: set[tuple[str, str]] | None = None) -> dict:
+    """Our field names, from the mapping, the chat shape and the usual column names (each name
+    taken that way goes into `guessed` as (ours, theirs))."""
     for ours, theirs in cfg.fields.items():
         found, value = lookup(row, theirs)
         if found:
@@ -145,8 +150,29 @@ def normalize(row: dict, cfg: DataConfig, row_type: type[Row] | None, where: str
                 theirs = next((n for n in names if n in row), None)
                 if theirs is not None:
                     row[ours] = row.pop(theirs)
+                    if guessed is not None:
+                        guessed.add((ours, theirs))
         final_answer(row, cfg.answer_from)
+        check_problem_fields(row, cfg, where)
     return row
+
+
+def check_problem_fields(row: dict, cfg: DataConfig, where: str) -> None:
+    """A problem row without `problem` or `answer` after mapping: one error that names the
+    mapping key and spells it with one of the row's own columns."""
+    lacking = next((f for f in ("problem", "answer") if f not in row), None)
+    if lacking is None:
+        return
+    theirs = cfg.fields.get(lacking)
+    said = (f'the mapping fields.{lacking}: {theirs} names no field of this row' if theirs
+            else f'none of the usual names ({", ".join(NAMES[lacking])}) is there either')
+    columns = [c for c in row if c not in ("id", "problem", "answer", "schema_version")]
+    example = columns[-1] if columns else "COLUMN"
+    raise shards.ShardError(
+        f'{where}: missing field "{lacking}": {said}; the row has '
+        f'{", ".join(columns) or "no other field"}. Map the column that holds it, e.g. '
+        f"--field {lacking}={example} (eval bench), data.fields.{lacking}={example} (infer), or "
+        f"fields: {{{lacking}: {example}}} under the data source in a config")
 
 
 def final_answer(row: dict, answer_from: str | None = None) -> None:
@@ -169,11 +195,16 @@ def iter_rows(cfg: DataConfig, row_type: type[Row] | None = None) -> Iterator[di
     stem = Path(cfg.path).stem if Path(cfg.path).exists() else cfg.path.replace("/", "_")
     stem += f"-{cfg.subset}" if cfg.subset else ""
     count = skipped = 0
+    guessed: set[tuple[str, str]] = set()
     for where, row in _located(cfg):
         if "id" not in row and "id" not in cfg.fields and row_type is not None \
                 and "id" in row_type.model_fields:
             row["id"] = f"{stem}-{count}"  # files without ids (the AIME jsonl files)
-        row = normalize(row, cfg, row_type, where)
+        said = set(guessed)
+        row = normalize(row, cfg, row_type, where, guessed)
+        for ours, theirs in sorted(guessed - said):  # once per source: which column became ours
+            print(f'[data] {cfg.path}: "{ours}" read from the column "{theirs}" (a usual name; '
+                  f"map another with fields: {{{ours}: COLUMN}})", file=sys.stderr)
         if cfg.answer_from is not None and row.get("answer") is None:
             skipped += 1  # no \boxed{} in the solution: no reference to verify against
             continue

@@ -52,22 +52,30 @@ PROMPT_FIELDS = ("system_prompt", "instruction", "use_chat_template")
 def with_trained_template(cfg: EvalConfig) -> EvalConfig:
     """A model trained by reasoner records its prompt template (`final/reasoner.json`): an eval
     that sets none prompts as the model was trained; one that sets another is warned about
-    (0% and 56% were measured on the same 50 problems with the default and the trained one)."""
+    (0% and 56% were measured on the same 50 problems with the default and the trained one).
+    A trained model whose record holds no template cannot be checked: that is said too."""
     recorded = Path(cfg.model.name_or_path) / "reasoner.json"
     if not recorded.exists():
         return cfg
-    trained = json.loads(recorded.read_text()).get("template")
+    record = json.loads(recorded.read_text())
+    trained = record.get("template")
     if not trained:
+        if "trained_by" in record:  # built or imported models record no template, and need none
+            print(f"reasoner eval: warning: {recorded} records no prompt template, so this eval "
+                  "cannot check that it prompts as the model was trained; set template."
+                  f"{', template.'.join(PROMPT_FIELDS[:2])} as in training", file=sys.stderr)
         return cfg
     if "template" not in cfg.model_fields_set:
         print(f"reasoner eval: prompting as {cfg.model.name_or_path} was trained (the template "
               "in its reasoner.json)", file=sys.stderr)
         return cfg.model_copy(update={"template": TemplateConfig.model_validate(trained)})
-    differ = [f for f in PROMPT_FIELDS if getattr(cfg.template, f) != trained.get(f)]
+    as_trained = TemplateConfig.model_validate(trained)  # a partial record: the rest as default
+    differ = [f for f in PROMPT_FIELDS if getattr(cfg.template, f) != getattr(as_trained, f)]
     if differ:
         print(f"reasoner eval: warning: template.{', template.'.join(differ)} differ from what "
-              f"{cfg.model.name_or_path} was trained with ({', '.join(repr(trained.get(f)) for f in differ)}); "
-              "the scores measure the model on a prompt it was not trained on", file=sys.stderr)
+              f"{cfg.model.name_or_path} was trained with "
+              f"({', '.join(repr(getattr(as_trained, f)) for f in differ)}); the scores measure "
+              "the model on a prompt it was not trained on", file=sys.stderr)
     return cfg
 
 
@@ -110,14 +118,15 @@ def _evaluate(cfg: EvalConfig, out: Path) -> dict:
         filters=FilterConfig(truncated="negative", dedupe=False, drop_zero_variance=False),
         progress=cfg.progress))
     rows = list(shards.iter_rows(verified, Verified))
+    edges = cfg.length_buckets or metrics.quartile_edges([r["response_tokens"] for r in rows])
     with VerifierPool(workers=1, timeout_s=cfg.timeout_s) as pool:
         def same(a: str, b: str) -> bool:
             return pool.map([(a, b)])[0] is True
 
-        scores = metrics.summarize(rows, same, cfg.length_buckets, cfg.bootstrap, cfg.seed)
+        scores = metrics.summarize(rows, same, edges, cfg.bootstrap, cfg.seed)
         if cfg.extraction == "flexible":  # the same samples read strictly, for comparison
-            strict = metrics.summarize(metrics.strict_only(rows), same, cfg.length_buckets,
-                                       cfg.bootstrap, cfg.seed)
+            strict = metrics.summarize(metrics.strict_only(rows), same, edges, cfg.bootstrap,
+                                       cfg.seed)
             scores["strict"] = {k: strict[k] for k in ("pass@1", "pass@1_ci95", "maj@k",
                                                        "no_answer_rate")}
             for p, q in zip(scores["per_problem"], strict["per_problem"], strict=True):

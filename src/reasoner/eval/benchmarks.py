@@ -2,8 +2,9 @@
 
 The hub datasets name their fields differently; each source maps them to Problem rows
 (`id`, `problem`, `answer`). Local files are mapped by what they contain: `problem`,
-`prompt` (the ../shared AIME files) or `question` (GSM8K, AMC); GSM8K's worked `answer`
-is cut to the number after `####`, Minerva's `solution` to its last `\\boxed{}`.
+`prompt` (the ../shared AIME files) or `question` (GSM8K, AMC), or by `--field ours=theirs`;
+GSM8K's worked `answer` is cut to the number after `####`, Minerva's `solution` to its last
+`\\boxed{}`.
 """
 
 from __future__ import annotations
@@ -47,12 +48,26 @@ def guess_fields(path: Path) -> dict[str, str]:
 
 
 def local(path: str | Path, fields: dict[str, str] | None = None) -> DataConfig:
-    """A benchmark file given with --data; a path that is not there is one clear line."""
-    path = Path(path)
-    if not path.exists():
-        why = hub.missing(str(path), "--data", "file or folder")
-        raise InputError(why or f"--data {path}: no such file")
-    return DataConfig(path=str(path), fields=fields if fields is not None else guess_fields(path))
+    """A benchmark given with --data: a file, a shard folder or an HF dataset id, its fields
+    mapped by `fields` (--field) over the ones guessed from a JSONL file's first row; a path
+    that is not there is one clear line."""
+    why = hub.missing(str(path), "--data", "file or folder")
+    if why:
+        raise InputError(why)
+    guessed = guess_fields(Path(path)) if Path(path).exists() else {}
+    return DataConfig(path=str(path), fields={**guessed, **(fields or {})})
+
+
+def field_mapping(given: list[str]) -> dict[str, str]:
+    """`--field answer=gold` (repeatable) as a field mapping: our name -> the data's column."""
+    mapping = {}
+    for item in given:
+        ours, sep, theirs = item.partition("=")
+        if not sep or not ours.strip() or not theirs.strip():
+            raise InputError(f"--field {item!r}: write it as OURS=THEIRS, e.g. --field "
+                             "answer=gold (our field name, then the column of your data)")
+        mapping[ours.strip()] = theirs.strip()
+    return mapping
 
 
 def load_problems(data: list[DataConfig]) -> list[dict]:

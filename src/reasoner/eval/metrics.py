@@ -88,6 +88,19 @@ def bucket_label(edges: list[int], tokens: int) -> str:
     return f">={k(edges[-1])}"
 
 
+def quartile_edges(lengths: list[int]) -> list[int]:
+    """Bucket edges that follow the data: the quartiles of the response lengths, rounded to two
+    significant digits, so each bucket holds about a quarter of the samples whether answers take
+    64 tokens or 30K (fixed 4K-32K edges put every short answer in one bucket). Equal lengths
+    give one edge.
+
+    >>> quartile_edges([10, 20, 30, 40, 50])
+    [20, 30, 40]
+    """
+    qs = statistics.quantiles(lengths, n=4, method="inclusive") if len(lengths) > 1 else lengths
+    return sorted({max(1, int(float(f"{q:.2g}"))) for q in qs}) or [1]
+
+
 def length_buckets(rows: list[dict], edges: list[int]) -> list[dict]:
     """Accuracy and count of samples per response-length bucket, in bucket order."""
     labels = [bucket_label(edges, e - 1) for e in edges] + [bucket_label(edges, edges[-1])]
@@ -107,9 +120,10 @@ def strict_only(rows: list[dict]) -> list[dict]:
             else r for r in rows]
 
 
-def summarize(rows: list[dict], same: Callable[[str, str], bool], edges: list[int],
+def summarize(rows: list[dict], same: Callable[[str, str], bool], edges: list[int] | None,
               resamples: int = 1000, seed: int = 0) -> dict:
-    """Every metric of the Eval report from verified rows (reward > 0 = correct)."""
+    """Every metric of the Eval report from verified rows (reward > 0 = correct); length
+    buckets at `edges`, or (None) at the quartiles of the response lengths."""
     by_problem: dict[str, list[dict]] = {}
     for r in sorted(rows, key=lambda r: (r["id"], r["sample_idx"])):
         by_problem.setdefault(r["id"], []).append(r)
@@ -132,6 +146,7 @@ def summarize(rows: list[dict], same: Callable[[str, str], bool], edges: list[in
         })
     acc = [p["accuracy"] for p in problems]
     lengths = [r["response_tokens"] for r in rows]
+    edges = edges or quartile_edges(lengths)
     lo, hi = bootstrap_ci(acc, resamples, seed)
     return {
         "problems": len(problems), "k": n,

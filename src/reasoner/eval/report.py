@@ -17,6 +17,12 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
 
 
+def _cell(value: object) -> str:
+    """A value as one markdown table cell: a newline or `|` in it (a majority answer with a
+    line break, an id) would end the row or the cell early."""
+    return " ".join(str(value).splitlines()).replace("|", "\\|")
+
+
 def markdown(r: dict) -> str:
     lo, hi = r["pass@1_ci95"]
     lines = [
@@ -39,9 +45,9 @@ def markdown(r: dict) -> str:
           for b in r["accuracy_by_length"]], "",
         "## Problems", "", "| id | correct | mean tokens | majority answer | reference |",
         "|---|---|---|---|---|",
-        *[f"| {p['id']} | {p['correct']}/{p['samples']} | {p['mean_tokens']:.0f} | "
-          f"{p['majority_answer']} {'✓' if p['majority_correct'] else '✗'} | {p['reference']} |"
-          for p in r["per_problem"]],
+        *[f"| {_cell(p['id'])} | {p['correct']}/{p['samples']} | {p['mean_tokens']:.0f} | "
+          f"{_cell(p['majority_answer'])} {'✓' if p['majority_correct'] else '✗'} | "
+          f"{_cell(p['reference'])} |" for p in r["per_problem"]],
     ]
     return "\n".join(lines) + "\n"
 
@@ -78,13 +84,17 @@ def plots(r: dict, rows: list[dict], out: Path) -> list[str] | str:
     made = []
     fig, ax = plt.subplots(figsize=(6, 3.5))
     buckets = [b for b in r["accuracy_by_length"] if b["samples"]]
-    ax.bar([b["bucket"] for b in buckets], [100 * b["accuracy"] for b in buckets])
-    ax.set(xlabel="response tokens", ylabel="accuracy (%)", title=f"{r['benchmark']}: accuracy by length")
+    values = [100 * b["accuracy"] for b in buckets]
+    ax.bar([b["bucket"] for b in buckets], values)
+    ax.set(xlabel="response tokens", ylabel="accuracy (%)",
+           title=f"{r['benchmark']}: accuracy by length")
+    _percent_axis(ax, values)
     made.append(_save(fig, out / "accuracy_by_length.png", plt))
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ok = [x["response_tokens"] for x in rows if x["reward"] > 0]
     bad = [x["response_tokens"] for x in rows if x["reward"] <= 0]
-    ax.hist([ok, bad], bins=30, label=["correct", "incorrect"], stacked=False)
+    ax.hist([ok, bad], bins=30, label=[f"correct ({len(ok)})", f"incorrect ({len(bad)})"],
+            stacked=False)
     ax.set(xlabel="response tokens", ylabel="samples", title="response length")
     ax.legend()
     made.append(_save(fig, out / "length_hist.png", plt))
@@ -92,15 +102,35 @@ def plots(r: dict, rows: list[dict], out: Path) -> list[str] | str:
     return made
 
 
+def _percent_axis(ax, values: list[float]) -> None:
+    """A percentage axis from 0; at 0% everywhere the plot says so (an empty plot with an axis
+    from -0.04 to 0.04 reads as broken, not as no sample correct)."""
+    ax.set_ylim(0, max(1.0, 1.1 * max(values, default=0.0)))
+    if not any(values):
+        ax.text(0.5, 0.5, "0% everywhere: no sample was correct", transform=ax.transAxes,
+                ha="center", va="center")
+
+
+def model_label(model: str) -> str:
+    """The model as a plot names it: a folder's last part, with its run's folder when that part
+    says nothing alone (`runs/q/rl/final` -> `rl/final`, not `final`)."""
+    parts = Path(str(model).rstrip("/")).parts
+    if len(parts) > 1 and (parts[-1] == "final" or parts[-1].startswith("checkpoint-")):
+        return "/".join(parts[-2:])
+    return parts[-1] if parts else str(model)
+
+
 def pass_at_k_figure(r: dict, plt):
     """pass@k against k on a log axis labelled at the k's only, titled with the model."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ks = [int(k) for k in r["pass@k"]]
-    ax.plot(ks, [100 * v for v in r["pass@k"].values()], marker="o")
+    values = [100 * v for v in r["pass@k"].values()]
+    ax.plot(ks, values, marker="o")
     ax.set(xscale="log", xlabel="k", ylabel="pass@k (%)",
-           title=f"{r['benchmark']}: pass@k of {Path(str(r['model'])).name or r['model']}")
+           title=f"{r['benchmark']}: pass@k of {model_label(r['model'])}")
     ax.minorticks_off()  # a log axis puts 3x10^0-style minor labels between the k's
     ax.set_xticks(ks, [str(k) for k in ks])
+    _percent_axis(ax, values)
     return fig
 
 
@@ -111,18 +141,28 @@ def _save(fig, path: Path, plt) -> str:
     return path.name
 
 
-def _strict_diff(base: dict, r: dict, common: list[str], resamples: int) -> dict:
+def paired(base: dict[str, float], other: dict[str, float], resamples: int) -> dict:
+    """`other` minus `base` (per-problem accuracies by id) over the problems both hold, with
+    its paired bootstrap interval; no difference and no interval when they share none (two
+    reports of different problems say nothing paired)."""
+    common = sorted(set(base) & set(other))
+    if not common:
+        return {"diff": None, "diff_ci95": None, "significant": False, "common_problems": 0}
+    a, b = [base[i] for i in common], [other[i] for i in common]
+    lo, hi = paired_bootstrap_diff(a, b, resamples)
+    return {"diff": sum(b) / len(b) - sum(a) / len(a), "diff_ci95": [lo, hi],
+            "significant": lo > 0 or hi < 0, "common_problems": len(common)}
+
+
+def _strict_diff(base: dict, r: dict, resamples: int) -> dict:
     """With reports of `extraction: flexible`: pass@1 and its difference under strict
     extraction too, so that learning the format and learning the arithmetic are told apart."""
     if "strict" not in base or "strict" not in r:
         return {}
-    acc = {q["id"]: q["accuracy_strict"] for q in r["per_problem"]}
-    base_acc = {q["id"]: q["accuracy_strict"] for q in base["per_problem"]}
-    lo, hi = paired_bootstrap_diff([base_acc[i] for i in common], [acc[i] for i in common],
-                                   resamples) if r is not base else (0.0, 0.0)
-    return {"strict_pass@1": r["strict"]["pass@1"],
-            "strict_diff": r["strict"]["pass@1"] - base["strict"]["pass@1"],
-            "strict_diff_ci95": [lo, hi]}
+    d = paired({q["id"]: q["accuracy_strict"] for q in base["per_problem"]},
+               {q["id"]: q["accuracy_strict"] for q in r["per_problem"]}, resamples)
+    return {"strict_pass@1": r["strict"]["pass@1"], "strict_diff": d["diff"],
+            "strict_diff_ci95": d["diff_ci95"]}
 
 
 REPORT_KEYS = ("benchmark", "pass@1", "pass@1_ci95", "maj@k", "mean_response_tokens",
@@ -147,6 +187,33 @@ def read_report(path: Path) -> dict:
     return report
 
 
+def _delta(diff: float | None, ci: list[float] | None, baseline: bool) -> list[str]:
+    """The Δ and Δ 95% CI cells of a comparison row."""
+    if baseline:
+        return ["baseline", ""]
+    if diff is None:
+        return ["n/a (no shared problems)", ""]
+    return [f"{100 * diff:+.1f}", f"{100 * ci[0]:+.1f} to {100 * ci[1]:+.1f}"]
+
+
+def _md_row(cells: list[str]) -> str:
+    return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+
+
+def _pairing(rows: list[dict]) -> list[str]:
+    """How many problems each run shares with the first, where that is not all of them."""
+    base = rows[0]
+    said = []
+    for x in rows[1:]:
+        if x["common_problems"] == x["problems"] == base["problems"]:
+            continue
+        said.append(f"{Path(x['name']).name or x['name']} shares {x['common_problems']} of its "
+                    f"{x['problems']} problems with {Path(base['name']).name or base['name']} "
+                    f"({base['problems']})" + ("" if x["common_problems"] else
+                                               ": no paired difference"))
+    return said
+
+
 COMPARED = {  # what must agree for two reports to measure the same thing, and how it is named
     "benchmark": lambda r: r.get("benchmark"),
     "k (samples per problem)": lambda r: r.get("k"),
@@ -154,8 +221,15 @@ COMPARED = {  # what must agree for two reports to measure the same thing, and h
                            if k in ("system_prompt", "instruction", "use_chat_template", "preset")},
     "sampling.max_tokens": lambda r: ((r.get("config") or {}).get("sampling") or {}).get(
         "max_tokens"),
-    "backend": lambda r: (r.get("config") or {}).get("backend"),
+    "backend": lambda r: resolved_backend(r),
 }
+
+
+def resolved_backend(r: dict) -> str | None:
+    """The backend that generated a report's samples, as resolved (`auto` became hf or vllm:
+    the samples' engine says which); None when only `auto` is known."""
+    said = (r.get("config") or {}).get("backend")
+    return (r.get("generation") or {}).get("backend") or (said if said != "auto" else None)
 
 
 def comparability(reports: list[dict], names: list[str]) -> list[str]:
@@ -164,7 +238,8 @@ def comparability(reports: list[dict], names: list[str]) -> list[str]:
     found = []
     for what, read in COMPARED.items():
         values = [read(r) for r in reports]
-        if any(v != values[0] for v in values[1:]):
+        known = [v for v in values if v is not None]  # unknown is not a difference
+        if any(v != known[0] for v in known[1:]):
             shown = ", ".join(f"{Path(n).name or n}: {v!r}" for n, v in zip(names, values,
                                                                              strict=True))
             found.append(f"{what} differs ({shown})")
@@ -172,44 +247,44 @@ def comparability(reports: list[dict], names: list[str]) -> list[str]:
 
 
 def compare(paths: list[Path], out: Path | None = None, resamples: int = 1000) -> dict:
-    """Reports side by side: pass@1 differences vs the first, with a paired bootstrap interval."""
+    """Reports side by side: pass@1 differences vs the first over the problems both hold, with a
+    paired bootstrap interval."""
     reports = [read_report(Path(p)) for p in paths]
     base = reports[0]
     base_acc = {p["id"]: p["accuracy"] for p in base["per_problem"]}
     rows = []
     for p, r in zip(paths, reports, strict=True):
-        acc = {q["id"]: q["accuracy"] for q in r["per_problem"]}
-        common = sorted(set(acc) & set(base_acc))
-        diff = r["pass@1"] - base["pass@1"]
-        lo, hi = paired_bootstrap_diff([base_acc[i] for i in common], [acc[i] for i in common],
-                                       resamples) if r is not base else (0.0, 0.0)
+        d = ({"diff": 0.0, "diff_ci95": [0.0, 0.0], "significant": False,
+              "common_problems": len(base_acc)} if r is base else
+             paired(base_acc, {q["id"]: q["accuracy"] for q in r["per_problem"]}, resamples))
         rows.append({"name": str(p), "benchmark": r["benchmark"], "pass@1": r["pass@1"],
                      "pass@1_ci95": r["pass@1_ci95"], "maj@k": r["maj@k"],
-                     "mean_response_tokens": r["mean_response_tokens"], "diff": diff,
-                     "diff_ci95": [lo, hi], "significant": r is not base and (lo > 0 or hi < 0),
-                     "common_problems": len(common),
-                     **_strict_diff(base, r, common, resamples)})
+                     "mean_response_tokens": r["mean_response_tokens"],
+                     "problems": len(r["per_problem"]), **d,
+                     **_strict_diff(base, r, resamples)})
     md = ["| run | pass@1 | 95% CI | maj@k | mean tokens | Δ pass@1 vs first | Δ 95% CI | outside CI |",
           "|---|---|---|---|---|---|---|---|"]
     for k, x in enumerate(rows):
-        diff = ("baseline | |" if k == 0 else
-                f"{100 * x['diff']:+.1f} | {100 * x['diff_ci95'][0]:+.1f} to "
-                f"{100 * x['diff_ci95'][1]:+.1f} | {'yes' if x['significant'] else 'no'}")
-        md.append(f"| {x['name']} | {_pct(x['pass@1'])} | {_pct(x['pass@1_ci95'][0])}-"
-                  f"{_pct(x['pass@1_ci95'][1])} | {_pct(x['maj@k'])} | {x['mean_response_tokens']:.0f}"
-                  f" | {diff} |")
+        outside = "" if k == 0 or x["diff"] is None else "yes" if x["significant"] else "no"
+        md.append(_md_row([_cell(x["name"]), _pct(x["pass@1"]),
+                           f"{_pct(x['pass@1_ci95'][0])}-{_pct(x['pass@1_ci95'][1])}",
+                           _pct(x["maj@k"]), f"{x['mean_response_tokens']:.0f}",
+                           *_delta(x["diff"], x["diff_ci95"], k == 0), outside]))
     if all("strict_diff" in x for x in rows):
         md += ["", "Under strict extraction (the same samples; an answer found only as the last "
                "number counts as none):", "",
                "| run | pass@1 strict | Δ vs first | Δ 95% CI |", "|---|---|---|---|"]
-        md += [f"| {x['name']} | {_pct(x['strict_pass@1'])} | " + (
-            "baseline | |" if k == 0 else
-            f"{100 * x['strict_diff']:+.1f} | {100 * x['strict_diff_ci95'][0]:+.1f} to "
-            f"{100 * x['strict_diff_ci95'][1]:+.1f} |") for k, x in enumerate(rows)]
+        md += [_md_row([_cell(x["name"]), _pct(x["strict_pass@1"]),
+                        *_delta(x["strict_diff"], x["strict_diff_ci95"], k == 0)])
+               for k, x in enumerate(rows)]
+    pairing = _pairing(rows)
+    if pairing:
+        md += ["", "**Paired over shared problems only:** " + "; ".join(pairing) + "."]
     warnings = comparability(reports, [str(p) for p in paths])
     if warnings:
         md += ["", "**Not like for like:** " + "; ".join(warnings) + "."]
-    result = {"runs": rows, "warnings": warnings, "markdown": "\n".join(md) + "\n"}
+    result = {"runs": rows, "warnings": warnings, "pairing": pairing,
+              "markdown": "\n".join(md) + "\n"}
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

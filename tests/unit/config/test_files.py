@@ -110,3 +110,25 @@ def test_dump_is_json_data(tmp_path):
     cfg = load(SynthConfig, None, ["output_dir=out"])
     data = dump(cfg)
     assert data["output_dir"] == "out" and data["template"]["answer_open"] == "<answer>"
+
+
+def test_an_override_indexes_a_list_of_sections():
+    """Issue 51, finding 8: `data.0.fields={answer: gold}` was refused ('data is a value, not a
+    section'); a number indexes a list, and a bad index or key says which."""
+    from reasoner.config import EvalConfig
+
+    base = ["model.name_or_path=m", "output_dir=o", "data=[{path: a.jsonl}, {path: b.jsonl}]"]
+    cfg = load(EvalConfig, None, [*base, "data.0.fields={answer: gold}", "data.1.split=test"])
+    assert cfg.data[0].fields == {"answer": "gold"} and cfg.data[1].split == "test"
+    cfg = load(EvalConfig, None, base[:2] + ["data.0.fields.id=qid"],
+               values={"data": [{"path": "a.jsonl", "fields": {"answer": "gold"}}]})
+    assert cfg.data[0].fields == {"answer": "gold", "id": "qid"}
+    with pytest.raises(ConfigError, match=r"'data.2.split=test': data is a list of 2; index it "
+                                          r"with 0 to 1 \(got '2'\)"):
+        load(EvalConfig, None, [*base, "data.2.split=test"])
+    with pytest.raises(ConfigError, match=r"override 'data.0.feilds.answer=gold': unknown key "
+                                          r"'data.0.feilds' \(did you mean 'data.0.fields'\?\); "
+                                          r"valid keys here: path, split"):
+        load(EvalConfig, None, [*base, "data.0.feilds.answer=gold"])
+    with pytest.raises(ConfigError, match=r"data holds no list to index here; set the list first"):
+        load(EvalConfig, None, [*base[:2], "data.0.split=test"])

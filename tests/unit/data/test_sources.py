@@ -96,3 +96,50 @@ def test_shared_benchmark_files_read_through_the_pcl_infer_config(name, first_an
     rows = load_problems(cfg)
     assert len(rows) == len(raw) and rows[0]["answer"] == first_answer  # final answers only
     assert not any("####" in r["answer"] for r in rows)
+
+
+def test_usual_answer_names_are_recognised_and_said(tmp_path, capsys):
+    """Issue 51, finding 8: `gold`, `target`, `label` and `final_answer` are answer columns,
+    each said on stderr once per source when it is used."""
+    import json
+
+    from reasoner.config import DataConfig
+
+    for name in ("gold", "target", "label", "final_answer"):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"question": f"{i} + 1?", name: i + 1}) + "\n"
+                                for i in range(3)))
+        rows = sources.read_rows(DataConfig(path=str(path)), Problem)
+        assert [(r["problem"], r["answer"]) for r in rows] == [("0 + 1?", "1"), ("1 + 1?", "2"),
+                                                                ("2 + 1?", "3")]
+        said = capsys.readouterr().err.splitlines()
+        assert said == [f'[data] {path}: "answer" read from the column "{name}" (a usual name; '
+                        'map another with fields: {answer: COLUMN})',
+                        f'[data] {path}: "problem" read from the column "question" (a usual '
+                        'name; map another with fields: {problem: COLUMN})']
+
+
+def test_a_missing_answer_names_the_mapping_with_an_example(tmp_path):
+    """Issue 51, finding 8: 'missing field answer' pointed nowhere; now the error names the
+    mapping key, spelled with a column of the row."""
+    import json
+
+    from reasoner.config import DataConfig
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"qid": "a", "question": "1 + 1?", "result": 2}) + "\n")
+    with pytest.raises(ShardError) as err:
+        sources.read_rows(DataConfig(path=str(path)), Problem)
+    assert str(err.value) == (
+        f'{path}:1: missing field "answer": none of the usual names (ground_truth, '
+        "expected_answer, final_answer, gt_answer, gold, target, label) is there either; the "
+        "row has qid, result. Map the column that holds it, e.g. --field answer=result (eval "
+        "bench), data.fields.answer=result (infer), or fields: {answer: result} under the data "
+        "source in a config")
+    mapped = DataConfig(path=str(path), fields={"answer": "res"})
+    with pytest.raises(ShardError, match='missing field "answer": the mapping fields.answer: res '
+                                         "names no field of this row"):
+        sources.read_rows(mapped, Problem)
+    rows = sources.read_rows(DataConfig(path=str(path), fields={"answer": "result", "id": "qid"}),
+                             Problem)
+    assert [(r["id"], r["answer"]) for r in rows] == [("a", "2")]

@@ -52,6 +52,23 @@ def test_length_buckets_and_truncation_exact():
     assert s["median_response_tokens"] == 36.0 and s["k"] == 6
 
 
+def test_length_buckets_follow_the_data():
+    """Issue 51, finding 11: with no `length_buckets` the edges are the lengths' quartiles (two
+    significant digits); the fixed 4K-32K edges put every 64-token answer in one bucket."""
+    from reasoner.config import EvalConfig
+
+    assert EvalConfig(model={"name_or_path": "m"}, output_dir="o").length_buckets is None
+    assert metrics.quartile_edges([10, 20, 30, 40, 50]) == [20, 30, 40]
+    assert metrics.quartile_edges(list(range(1000, 33000, 7))) == [9000, 17000, 25000]
+    assert metrics.quartile_edges([64] * 5) == [64] and metrics.quartile_edges([0]) == [1]
+    rows = [{"id": "a", "sample_idx": i, "response_tokens": t, "reward": 1 if i % 2 else -1,
+             "finish_reason": "stop", "extracted": "1", "answer": "1"}
+            for i, t in enumerate([40, 52, 60, 64, 70, 81, 90, 96])]
+    s = metrics.summarize(rows, lambda a, b: a == b, None, resamples=100)
+    assert [(b["bucket"], b["samples"]) for b in s["accuracy_by_length"]] == [
+        ("<58", 2), ("58-67", 2), ("67-83", 2), (">=83", 2)]
+
+
 def test_bootstrap_interval_contains_mean_and_narrows():
     rng = random.Random(0)
     values = [rng.random() for _ in range(400)]

@@ -87,5 +87,83 @@ def test_the_pass_at_k_plot_is_labelled_at_its_ks_and_names_the_model():
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
     assert not [t for t in ax.get_xticklabels(minor=True) if t.get_text()]
-    assert ax.get_title() == "bench: pass@k of final"
+    # issue 51, finding 11: `final` alone names no model; its run's folder does
+    assert ax.get_title() == "bench: pass@k of rl/final"
+    plt.close(fig)
+    r["model"] = "Qwen/Qwen2.5-0.5B"
+    fig = pass_at_k_figure(r, plt)
+    assert fig.axes[0].get_title() == "bench: pass@k of Qwen2.5-0.5B"
+    plt.close(fig)
+
+
+def write(tmp_path, name: str, r: dict):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "report.json").write_text(json.dumps(r))
+    return tmp_path / name
+
+
+def test_compare_pairs_only_shared_problems_and_gives_no_interval_without_any(tmp_path):
+    """Issue 51, finding 10: 6 own problems against 20 GSM8K ones share none: no paired
+    interval ('+0.0 to +0.0' was printed), and how many are shared is said."""
+    gsm8k = write(tmp_path, "gsm8k", report("m", [0.5] * 20))
+    mine = report("m", [1.0] * 6)
+    for p in mine["per_problem"]:
+        p["id"] = "mine-" + p["id"]
+    result = compare([gsm8k, write(tmp_path, "mine", mine)], resamples=100)
+    own = result["runs"][1]
+    assert (own["diff"], own["diff_ci95"], own["significant"]) == (None, None, False)
+    assert own["common_problems"] == 0
+    assert "to +0.0" not in result["markdown"]
+    assert "| n/a (no shared problems) | | |" in result["markdown"]
+    assert result["pairing"] == ["mine shares 0 of its 6 problems with gsm8k (20): no paired "
+                                 "difference"]
+    assert "**Paired over shared problems only:** mine shares 0" in result["markdown"]
+    # half of them shared: the difference is over those 10 only (1.0 - 0.25), not 0.625 - 0.25
+    half = report("m", [1.0] * 10 + [0.0] * 10)
+    for p in half["per_problem"][10:]:
+        p["id"] = "other-" + p["id"]
+    base = write(tmp_path, "base", report("m", [0.25] * 20))
+    d = compare([base, write(tmp_path, "half", half)], resamples=100)["runs"][1]
+    assert d["diff"] == 0.75 and d["diff_ci95"] == [0.75, 0.75] and d["common_problems"] == 10
+
+
+def test_compare_reads_the_backend_as_resolved(tmp_path):
+    """Issue 51, finding 10: `backend: auto` that ran on hf is not a difference from `hf`."""
+    auto, hf, vllm = (report("m", [0.5] * 4) for _ in range(3))
+    auto["config"], hf["config"], vllm["config"] = ({"backend": b} for b in ("auto", "hf", "auto"))
+    auto["generation"], hf["generation"] = {"backend": "hf"}, {"backend": "hf"}
+    vllm["generation"] = {"backend": "vllm"}
+    paths = [write(tmp_path, n, r) for n, r in (("auto", auto), ("hf", hf), ("vllm", vllm))]
+    assert compare(paths[:2], resamples=100)["warnings"] == []
+    assert compare(paths, resamples=100)["warnings"] == [
+        "backend differs (auto: 'hf', hf: 'hf', vllm: 'vllm')"]
+    old = report("m", [0.5] * 4)  # a report without `generation` and only `auto`: unknown
+    old["config"] = {"backend": "auto"}
+    assert compare([paths[1], write(tmp_path, "old", old)], resamples=100)["warnings"] == []
+
+
+def test_report_cells_are_escaped():
+    """Issue 51, finding 11: a newline in a majority answer broke report.md's table."""
+    r = report("m", [1.0])
+    r["per_problem"][0].update(majority_answer="x = 1\nor x | 2", reference="1")
+    row = next(line for line in markdown(r).splitlines() if line.startswith("| q0 "))
+    assert row == "| q0 | 4/4 | 40 | x = 1 or x \\| 2 ✓ | 1 |"
+
+
+def test_plots_at_zero_percent_say_so(tmp_path):
+    """Issue 51, finding 11: at 0% the plots were empty, with a '%' axis from -0.04 to 0.04."""
+    import pytest
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from reasoner.eval.report import pass_at_k_figure, plots
+
+    r = report("m", [0.0, 0.0])
+    r["pass@k"] = {"1": 0.0, "2": 0.0}
+    rows = [{"response_tokens": 8, "reward": -1.0}] * 8
+    assert plots(r, rows, tmp_path) == ["accuracy_by_length.png", "length_hist.png",
+                                        "pass_at_k.png"]
+    fig = pass_at_k_figure(r, plt)
+    ax = fig.axes[0]
+    assert ax.get_ylim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.texts] == ["0% everywhere: no sample was correct"]
     plt.close(fig)
