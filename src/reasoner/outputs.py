@@ -7,8 +7,14 @@ and the identity of each input it reads: a shard folder's manifest (its own iden
 completeness), a model folder's files (names, sizes, times), a data file's size and time, a hub
 id as written. It is recorded in the manifest (and in every checkpoint of the trainers). A rerun
 with the same identity finds the folder complete and does nothing, saying so; a rerun with
-another identity is refused, naming what differs, unless `overwrite=true`; a folder another stage
-wrote is never taken over; an output folder is never one of its inputs, nor inside one.
+another identity is refused, naming what differs; `overwrite=true` redoes the work either way; a
+folder another stage wrote is never taken over; an output folder is never one of its inputs, nor
+inside one.
+
+A folder is a stage's when it holds the stage's manifest, written before anything else; what the
+stage writes there is named by `WRITES`. Anything else is the user's and is never deleted:
+`overwrite=true` removes only the stage's own entries and names what it kept, and a folder that
+holds the user's entries but no manifest is refused, `overwrite=true` or not.
 
 One process writes a folder (or one part of it, for infer's shards) at a time: `claim` takes an
 exclusive lock for the whole stage, and a second writer stops at once, naming the first.
@@ -21,18 +27,40 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from reasoner import shards
-from reasoner.errors import ConfigError, ShardError
+from reasoner.errors import ConfigError, InputError, ShardError
 
 MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
+
+# What a stage writes at the top of its output folder (glob patterns on names). Every stage also
+# writes EVERY_STAGE: its manifest, locks (never removed while the folder exists), temporary
+# files of atomic writes (`.final.tmp`, `.checkpoint-4.tmp`, `.manifest.json.<pid>.tmp`) and the
+# marks of the shared-folder check. tests/integration/test_output_folders.py runs every stage
+# and finds nothing it does not name.
+LOCKS = (".lock", ".writer.lock", ".writer-*.lock")
+EVERY_STAGE = ("manifest.json", *LOCKS, ".*.tmp", ".same-folder-check-*")
+TRAINER = ("checkpoint-[0-9]*", "final", "metrics.jsonl", "tensorboard", "wandb")
+WRITES = {
+    "sft": (*TRAINER, "token_cache"),
+    "train-offline": (*TRAINER, "rollouts", "ref_logprobs", "anchor_logprobs"),
+    "infer": ("part-*.jsonl",),
+    "verify": ("part-*.jsonl", "verdicts", "stats.json", "disagreements.jsonl"),
+    "eval": ("problems", "samples", "verified", "report.json", "report.md",
+             "accuracy_by_length.png", "length_hist.png", "pass_at_k.png", "metrics.jsonl",
+             "tensorboard", "wandb"),
+    "data synth": ("train_problems", "test_problems", "sft"),
+}
 
 
 def _file_sig(path: Path) -> str:
@@ -144,38 +172,30 @@ def check_not_an_input(folder: Path, inputs: list, key: str = "output_dir") -> N
                 "reads. Choose another output_dir")
 
 
-def has_work(folder: Path) -> bool:
-    """The folder holds something a run made: parts, checkpoints, a final model, a report."""
-    folder = Path(folder)
-    return any(folder.glob("part-*.jsonl")) or any(folder.glob("checkpoint-*")) or any(
-        (folder / name).exists() for name in ("final", "report.json", "samples", "verified"))
-
-
 def decide(folder: Path, identity: Identity, overwrite: bool = False) -> str:
     """What a run does in `folder`, read from it (every process of a run reads the same):
-    "complete" (nothing to do), "resume", "new", or "replace" (overwrite=true: empty it first).
-    Refuses a folder another stage wrote, and one written with another identity unless
-    `overwrite`; a folder whose failed run left nothing behind is taken over quietly."""
+    "complete" (nothing to do), "resume", "new", "replace" (another identity: remove what the
+    stage wrote first) or "redo" (overwrite=true with the same identity: the same). Refuses a
+    file, a folder holding the user's entries but no manifest, one another stage wrote, and one
+    written with another identity unless `overwrite`; a folder whose failed run left nothing
+    behind is taken over quietly."""
     folder = Path(folder)
+    check_is_folder(folder)
     manifest = shards.read_manifest(folder) if folder.is_dir() else None
     if manifest is None:
-        if folder.is_dir() and has_work(folder):
-            if overwrite:
-                return "replace"
-            raise ShardError(f"{folder} holds output but no manifest: it was not written by "
-                             "reasoner, or by an older version; delete it or choose another "
-                             "output_dir (overwrite=true empties it)")
+        refuse_users_entries(folder, identity.stage)  # a folder is reasoner's by its manifest
         return "new"
     if manifest.get("stage") not in (None, identity.stage):
         raise ShardError(f"{folder} was written by `reasoner {manifest.get('stage')}`, not by "
                          f"`reasoner {identity.stage}`: a stage never takes over another's "
                          "folder. Choose another output_dir")
-    if manifest.get("identity", _legacy(manifest, identity)) == identity.digest:
+    same = manifest.get("identity", _legacy(manifest, identity)) == identity.digest
+    if overwrite:
+        return "redo" if same else "replace"
+    if same:
         return "complete" if manifest.get("complete") else "resume"
     if not (manifest.get("complete") or has_work(folder)):
         return "replace"  # a run that failed before it made anything: nothing to keep
-    if overwrite:
-        return "replace"
     what = _differences(manifest, identity) or ["(the settings that decide the result)"]
     raise ShardError(
         f"{folder} was made with another {identity.stage} config or from other inputs:\n  "
@@ -184,14 +204,70 @@ def decide(folder: Path, identity: Identity, overwrite: bool = False) -> str:
         "kept as it is)")
 
 
-def begin(folder: Path, identity: Identity, action: str, keep: tuple[str, ...] = ()) -> None:
-    """Make `folder` ready for the run `decide` chose: emptied for "replace" (but for `keep`:
-    work the stage checks itself, as verify's verdicts), an incomplete manifest with this
-    identity for "new" and "replace" (one process does this)."""
+def check_is_folder(folder: Path) -> None:
+    """An output folder that is a file is refused before any work (mkdir would fail with
+    FileExistsError half-way into a run)."""
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise InputError(f"output_dir={folder} is a file, not a folder: a stage writes a folder "
+                         "of its own there. Choose another output_dir (a new or empty folder)")
+
+
+def users_entries(folder: Path, own: tuple[str, ...]) -> list[str]:
+    """The names of `folder`'s entries that none of the patterns `own` names: the user's."""
+    if not Path(folder).is_dir():
+        return []
+    return sorted(e.name for e in Path(folder).iterdir()
+                  if not any(fnmatchcase(e.name, pattern) for pattern in own))
+
+
+def refuse_users_entries(folder: Path, stage: str, own: tuple[str, ...] = EVERY_STAGE) -> None:
+    """Refuse, before any work, a folder holding entries `stage` did not write (by `own`; by
+    default a folder without a manifest, where only locks and temporary files are reasoner's)."""
+    found = users_entries(folder, own)
+    if found:
+        raise ShardError(
+            f"{folder} holds {_count(found)} that `reasoner {stage}` did not write "
+            f"({_few(found)}): reasoner writes only into a new or empty folder, or one it made, "
+            "and never deletes what it did not write (overwrite=true neither). Choose another "
+            "output_dir, or move those out of it")
+
+
+def check_model_folder(folder: Path, command: str) -> None:
+    """`model tiny` / `model import` replace their folder whole: refuse one holding anything
+    but a model's files (a folder without config.json holds none)."""
+    is_model = (Path(folder) / "config.json").exists()
+    refuse_users_entries(folder, command, MODEL_FILES if is_model else ())
+
+
+def _count(names: list[str]) -> str:
+    return f"{len(names)} {'entry' if len(names) == 1 else 'entries'}"
+
+
+def _few(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more"
+                                       if len(names) > shown else "")
+
+
+def has_work(folder: Path) -> bool:
+    """The folder holds something a run made: parts, checkpoints, a final model, a report."""
     folder = Path(folder)
-    if action == "replace":
-        _empty(folder, keep)
-    if action in ("new", "replace"):
+    return any(folder.glob("part-*.jsonl")) or any(folder.glob("checkpoint-*")) or any(
+        (folder / name).exists() for name in ("final", "report.json", "samples", "verified"))
+
+
+def begin(folder: Path, identity: Identity, action: str, keep: tuple[str, ...] = (),
+          mine: tuple[str, ...] | None = None) -> None:
+    """Make `folder` ready for the run `decide` chose: for "replace" and "redo", what the stage
+    wrote removed (but `keep`: work the stage checks itself, as verify's verdicts; a "redo" only
+    of `mine` when given: each of infer's shard workers redoes its own part) and the user's
+    entries kept, named on stderr; then an incomplete manifest with this identity (one process
+    does this)."""
+    folder = Path(folder)
+    if action in ("replace", "redo"):
+        kept = _empty(folder, identity.stage, keep, mine if action == "redo" else None)
+        if kept:
+            print(said_kept(identity.stage, folder, kept), file=sys.stderr)
+    if action in ("new", "replace", "redo"):
         shards.update_manifest(folder, **identity.record(), counts={}, complete=False,
                                inputs={k: v["path"] for k, v in identity.inputs.items()})
 
@@ -202,19 +278,30 @@ def said_complete(stage: str, folder: Path) -> str:
             "inputs; nothing to do (overwrite=true redoes it)")
 
 
+def said_kept(stage: str, folder: Path, names: list[str]) -> str:
+    """The line overwrite=true prints for the user's entries it left in `folder`."""
+    return (f"reasoner {stage}: kept {_few(names)} in {folder}: not written by `reasoner "
+            f"{stage}` (overwrite=true removes only what it wrote)")
+
+
 def _legacy(manifest: dict, identity: Identity) -> str | None:
     """A manifest from before identities: the same config text counts as the same identity."""
     return identity.digest if manifest.get("config") == identity.config else None
 
 
-def _empty(folder: Path, keep: tuple[str, ...] = ()) -> None:
-    """Delete what a run made in `folder` (overwrite=true), keeping the folder and its locks."""
+def _empty(folder: Path, stage: str, keep: tuple[str, ...] = (),
+           only: tuple[str, ...] | None = None) -> list[str]:
+    """Delete what `stage` wrote in `folder` (overwrite=true; `only`: just these entries),
+    keeping its locks and `keep`; return the user's entries, which are never touched."""
     if not folder.is_dir():
-        return
+        return []
+    own = (*EVERY_STAGE, *WRITES.get(stage, ()))
     for entry in folder.iterdir():
-        if entry.name.startswith(".writer") or entry.name == ".lock" or entry.name in keep:
+        if entry.name in keep or any(fnmatchcase(entry.name, p) for p in LOCKS) or not any(
+                fnmatchcase(entry.name, p) for p in own) or (only and entry.name not in only):
             continue
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    return users_entries(folder, own)
 
 
 def require_complete(folder: Path, key: str, command: str) -> None:
@@ -258,19 +345,46 @@ def writer_lock(folder: Path, name: str = "writer") -> Iterator[None]:
 
 @contextmanager
 def writing(folder: Path, identity: Identity, action: str, dist: Any = None,
-            lock: str = "writer", keep: tuple[str, ...] = ()) -> Iterator[None]:
+            lock: str = "writer", keep: tuple[str, ...] = (),
+            mine: tuple[str, ...] | None = None) -> Iterator[None]:
     """For the block: this job's writer lock on `folder` (held by rank 0 of a training job, by
-    the process itself otherwise) and the folder made ready for `action` (`begin`)."""
+    the process itself otherwise) and the folder made ready for `action` (`begin`). A failure
+    of the file system in the block leaves as the OSError it is (`disk_error`): the CLI says it
+    in one paragraph, and a rerun resumes."""
     main = dist is None or dist.is_main
     holder = writer_lock(folder, lock) if main else _nothing()
     with holder:
         if main:
-            begin(folder, identity, action, keep)
+            begin(folder, identity, action, keep, mine)
         if dist is not None and dist.world_size > 1:
             from reasoner import device as dev
 
             dev.barrier(dist)
-        yield
+        try:
+            yield
+        except Exception as exc:
+            said = disk_error(exc, Path(folder))
+            if said is None:
+                raise
+            raise said from exc
+
+
+def disk_error(exc: Exception, folder: Path) -> OSError | None:
+    """`exc` as an OSError naming a path, when the file system failed while writing `folder`:
+    safetensors reports a full disk as its own SafetensorError ("... No space left on device
+    (os error 28) at path ..."), and a write to an open file raises an OSError naming no file.
+    None for anything else, which keeps its traceback."""
+    if isinstance(exc, OSError):
+        if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(folder))
+        return None
+    from safetensors import SafetensorError
+
+    found = re.search(r"os error (\d+)|code: (\d+)", str(exc))
+    if not isinstance(exc, SafetensorError) or found is None:
+        return None
+    number = int(found.group(1) or found.group(2))
+    return OSError(number, os.strerror(number), str(folder))
 
 
 @contextmanager

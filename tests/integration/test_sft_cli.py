@@ -40,12 +40,19 @@ def same(a: dict, b: dict, atol: float) -> bool:
 def test_resume_after_sigkill_gives_same_weights(tmp_path, synth_dir, tiny_model_dir):
     ref = reasoner(*args(synth_dir, tiny_model_dir, tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr
+    from reasoner import outputs
+    from reasoner.config import SFTConfig
+    from reasoner.config.files import load
+
     out = tmp_path / "killed"
-    out.mkdir()  # a run killed before its first checkpoint left these rows: a fresh start drops them
+    line = args(synth_dir, tiny_model_dir, out, "run.save_every=2", "run.keep_last=5")
+    cfg = load(SFTConfig, line[1], line[2:])
+    # a run killed before its first checkpoint left its manifest (written first) and these
+    # rows: a fresh start drops them
+    outputs.begin(out, outputs.Identity.of("sft", cfg.result_config(), cfg.inputs()), "new")
     (out / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "loss": 99.0}) + "\n"
                                                for k in range(1, 76)))
-    cmd = [sys.executable, "-m", "reasoner", *args(synth_dir, tiny_model_dir, out,
-                                                    "run.save_every=2", "run.keep_last=5")]
+    cmd = [sys.executable, "-m", "reasoner", *line]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=SUBPROCESS_ENV)
     deadline = time.time() + 300

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reasoner import shards
+from reasoner import outputs, shards
 from reasoner.config import SynthConfig, dump
 from reasoner.data.template import render_response
 from reasoner.errors import ConfigError
@@ -211,15 +212,22 @@ def to_problem(p: Puzzle, split: str) -> Problem:
 def run(cfg: SynthConfig) -> dict[str, Path]:
     """Write `train_problems/`, `test_problems/` (Problem shards) and `sft/` (SFT shard).
 
-    Rerunning with the same config finds the finished folders and returns them untouched.
+    Rerunning with the same config finds the finished folders and returns them untouched
+    (overwrite=true writes them again); a folder holding anything else is refused.
     """
     if not cfg.levels or min(cfg.levels) < 0:
         raise ConfigError("levels must be a non-empty list of integers >= 0")
     out = Path(cfg.output_dir)
+    outputs.check_is_folder(out)
     folders = {"train_problems": out / "train_problems", "test_problems": out / "test_problems",
                "sft": out / "sft"}
+    own = (*outputs.EVERY_STAGE, *outputs.WRITES["data synth"])
+    if not any(shards.read_manifest(f) for f in folders.values() if f.is_dir()):
+        outputs.refuse_users_entries(out, "data synth", own)  # not a folder synth made
+    elif cfg.overwrite and (kept := outputs.users_entries(out, own)):
+        print(outputs.said_kept("data synth", out, kept), file=sys.stderr)
     config = dump(cfg)
-    if all(shards.finished(f, config) for f in folders.values()):
+    if not cfg.overwrite and all(shards.finished(f, config) for f in folders.values()):
         return folders
     manifests = {name: shards.read_manifest(f) for name, f in folders.items()}
     stale = [str(folders[n]) for n, m in manifests.items() if m and m.get("config") != config]

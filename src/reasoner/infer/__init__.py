@@ -85,7 +85,9 @@ def run(cfg: InferConfig) -> Path:
         print(outputs.said_complete("infer", out), file=sys.stderr)
         return out
     check_model(cfg.model.name_or_path)  # before the folder is claimed: a fixed rerun just runs
-    with outputs.writing(out, identity, action, lock=f"writer-{cfg.shard}"):
+    # overwrite=true with several workers: each redoes its own part, never another's
+    own_part = (shards.part_path(out, cfg.shard).name,) if cfg.num_shards > 1 else None
+    with outputs.writing(out, identity, action, lock=f"writer-{cfg.shard}", mine=own_part):
         mine = problems[cfg.shard::cfg.num_shards]
         done = shards.present_keys(out, Sample)
         todo = [(p, k) for p in mine for k in range(cfg.sampling.n) if (p["id"], k) not in done]

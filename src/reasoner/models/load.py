@@ -200,6 +200,10 @@ def import_model(source: str, output_dir: Path, gguf_file: str | None = None,
     from reasoner.data.template import stop_token_ids
 
     out = Path(output_dir)
+    from reasoner import outputs
+
+    outputs.check_is_folder(out)
+    outputs.check_model_folder(out, "model import")  # the folder is replaced whole
     why = hub.missing(source, "SOURCE", "file or folder")
     if why:
         raise InputError(why)

@@ -130,6 +130,10 @@ def _corpus_texts(paths: list[Path]) -> Iterator[str]:
 def build_tiny(cfg: TinyConfig) -> Path:
     """`reasoner model tiny`: write a tiny Qwen2 model + tokenizer as an ordinary HF folder."""
     out = Path(cfg.output_dir)
+    from reasoner import outputs
+
+    outputs.check_is_folder(out)
+    outputs.check_model_folder(out, "model tiny")  # the folder is replaced whole below
     if (out / "config.json").exists() and not cfg.overwrite:
         raise InputError(f"{out} already holds a model; pass overwrite=true to replace it")
     texts = list(_corpus_texts(cfg.corpus)) if cfg.corpus else default_corpus(seed=cfg.model.seed)

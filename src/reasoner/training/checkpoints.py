@@ -199,8 +199,11 @@ def _finish_checkpoint(tmp: Path, final: Path, out_dir: Path, optimizer_state: A
                        scheduler: Any, step: int, state: dict, keep_last: int) -> None:
     """Rank 0: trainer_state.pt / .json into `tmp`, rename it to `final`, keep the newest K.
     `optimizer_state` is the whole state dict, or the folder it was saved to shard by shard."""
-    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-                "rng": rng_state(), "step": step, **state}, tmp / "trainer_state.pt")
+    # through a Python file: a full disk is then an OSError (torch's own writer says it as a
+    # RuntimeError, "unexpected pos ...")
+    with open(tmp / "trainer_state.pt", "wb") as fh:
+        torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
+                    "rng": rng_state(), "step": step, **state}, fh)
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **{
         k: v for k, v in state.items() if isinstance(v, int | float | str)}}, indent=2))
     shutil.rmtree(final, ignore_errors=True)

@@ -133,3 +133,27 @@ def test_an_fp32_final_is_the_checkpoint_linked_and_republishing_replaces_it(tmp
                   {"aux", "optimizer", "trainer_state.pt", "trainer_state.json"})
     assert sorted(p.name for p in final.iterdir()) == kept
     assert all((final / n).stat().st_ino == (ckpt / n).stat().st_ino for n in kept)
+
+
+def test_a_full_disk_while_the_trainer_state_is_written_is_an_os_error(tmp_path):
+    """torch.save given a path says a full disk as a RuntimeError ("unexpected pos ..."); given
+    a Python file, as the OSError the CLI says in one paragraph (issue 51, 7)."""
+    import errno
+    from pathlib import Path
+
+    import pytest
+
+    from reasoner.training.checkpoints import _finish_checkpoint
+
+    if not Path("/dev/full").is_char_device():
+        pytest.skip("no /dev/full here: it stands in for a full disk")
+    tmp = tmp_path / ".checkpoint-1.tmp"
+    tmp.mkdir()
+    (tmp / "trainer_state.pt").symlink_to("/dev/full")
+    params = [torch.nn.Parameter(torch.zeros(1000))]
+    scheduler = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(params, lr=0.1), lambda _: 1)
+    with pytest.raises(OSError) as err:
+        _finish_checkpoint(tmp, tmp_path / "checkpoint-1", tmp_path, {"state": params[0]},
+                           scheduler, 1, {}, keep_last=2)
+    assert err.value.errno == errno.ENOSPC
+    assert not (tmp_path / "checkpoint-1").exists()  # never renamed into place
