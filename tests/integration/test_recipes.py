@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from tests_helpers import SHARED_EVAL, reasoner, shared_eval_rows
 
+from reasoner import hub
 from reasoner.config import DataConfig
 from reasoner.data import sources
 from reasoner.records import Problem
@@ -36,10 +37,23 @@ def test_a_dry_run_names_a_missing_outside_input_before_any_stage(tmp_path):
     assert ok.returncode == 0, ok.stderr  # every input of the quickstart is made by a stage
 
 
-def test_every_shipped_recipe_can_start_or_names_what_another_run_makes(tmp_path):
-    """Published recipes start from hub ids; the two that read another run's folders
-    (recipe_vllm.yaml after the quickstart, smollm2_cpu after its model import) name only
-    those, under runs/."""
+def hub_holding_everything(monkeypatch) -> list[tuple[str, str]]:
+    """A stand-in hub that holds every id it is asked for (tests never reach the real one);
+    returns the (id, kind) asked, in order."""
+    asked = []
+
+    def lookup(name, kind, timeout_s=hub.TIMEOUT_S):
+        asked.append((name, kind))
+
+    monkeypatch.setattr(hub, "lookup", lookup)
+    return asked
+
+
+def test_every_shipped_recipe_can_start_or_names_what_another_run_makes(tmp_path, monkeypatch):
+    """Published recipes start from hub ids (here a stand-in hub holds them all); the two that
+    read another run's folders (recipe_vllm.yaml after the quickstart, smollm2_cpu after its
+    model import) name only those, under runs/."""
+    hub_holding_everything(monkeypatch)
     for recipe in sorted((REPO / "configs").rglob("recipe*.yaml")):
         out = reasoner("run", recipe, f"run_dir={tmp_path / recipe.stem}", "--dry-run")
         if recipe.name == "recipe_vllm.yaml" or recipe.parent.name == "smollm2_cpu":
@@ -51,6 +65,90 @@ def test_every_shipped_recipe_can_start_or_names_what_another_run_makes(tmp_path
             assert all("=runs/" in line for line in missing), (recipe, missing)
             continue
         assert out.returncode == 0, (recipe, out.stderr)
+
+
+PCL = REPO / "configs/pcl_reasoner_v1_5/recipe.yaml"
+
+
+def test_a_dry_run_asks_the_hub_and_names_each_input_it_could_not_reach(tmp_path, monkeypatch):
+    """Issue 51, finding 13: the PCL dry-run checked only that hub ids were well formed and
+    exited 0 with no network; `eval aime` then failed after 25 s of retries. Now each hub id a
+    stage still to run reads is looked up once (5 s at most); one that cannot be reached and
+    is not cached here stops the dry run with its name, beside a missing local path."""
+    from huggingface_hub import HfApi
+
+    asked = []
+
+    def no_answer(self, repo_id, timeout=None, **kw):
+        asked.append((repo_id, timeout))
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(HfApi, "model_info", no_answer)
+    monkeypatch.setattr(HfApi, "dataset_info", no_answer)
+    monkeypatch.setattr(hub, "in_cache", lambda name, kind: False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    gone = tmp_path / "judge-prompt.txt"
+    out = reasoner("run", PCL, f"run_dir={tmp_path}/run", f"verify.judge.prompt_file={gone}",
+                   "--dry-run", cwd=REPO)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert {t for _, t in asked} == {5.0}
+    assert {name for name, _ in asked} == {
+        "Qwen/Qwen2.5-32B", "a-m-team/AM-DeepSeek-R1-0528-Distilled",
+        "nvidia/Nemotron-Post-Training-Dataset-v1", "Qwen/Qwen3-32B",
+        "HuggingFaceH4/aime_2024", "opencompass/AIME2025"}
+    said = " ".join(out.stderr.split())
+    assert (f"verify: judge.prompt_file={gone}: no such file") in said
+    assert ("verify: decontam.benchmarks.0.path=HuggingFaceH4/aime_2024: the hub could not be "
+            "reached "
+            "(TimeoutError: timed out; a look-up waits 5 s at most), and it is not in this "
+            "machine's hub cache") in said
+    assert "sft: model.name_or_path=Qwen/Qwen2.5-32B: the hub could not be reached" in said
+    assert "HF_HUB_OFFLINE=1" in said  # what to do
+    assert not (tmp_path / "run").exists()
+    # cached here: the stage finds it offline, so the dry run goes on, saying so
+    monkeypatch.setattr(hub, "in_cache", lambda name, kind: True)
+    out = reasoner("run", PCL, f"run_dir={tmp_path}/run", "--dry-run", cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "asked the hub for 6 id(s): 0 found, 6 not reachable but cached here" in " ".join(
+        out.stderr.split())
+
+
+def test_a_hub_id_the_hub_does_not_hold_is_named_before_any_stage(tmp_path, monkeypatch):
+    """The hub answers: a data set it does not hold, a model repository without config.json."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+
+    def model_info(self, repo_id, timeout=None, **kw):
+        return SimpleNamespace(siblings=[SimpleNamespace(rfilename="model.gguf")])
+
+    def dataset_info(self, repo_id, timeout=None, **kw):
+        if repo_id == "HuggingFaceH4/aime_2024":
+            return SimpleNamespace(siblings=[])
+        raise hub_not_found(repo_id)
+
+    monkeypatch.setattr(HfApi, "model_info", model_info)
+    monkeypatch.setattr(HfApi, "dataset_info", dataset_info)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    out = reasoner("run", REPO / "configs/gsm8k_1gpu/recipe.yaml", f"run_dir={tmp_path}",
+                   "--dry-run", cwd=REPO)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2
+    assert ("eval-start: model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct: on the hub, but with "
+            "no config.json: not a transformers model") in said
+    assert ("eval-start: data.0.path=openai/gsm8k: no such dataset on the hub (or a private "
+            "one: log in first)") in said
+    assert "aime_2024" not in said
+
+
+def hub_not_found(repo_id: str) -> Exception:
+    """The error huggingface_hub raises for a 404 on a repository."""
+    import httpx2
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    url = f"https://huggingface.co/api/datasets/{repo_id}"
+    response = httpx2.Response(404, request=httpx2.Request("GET", url))
+    return RepositoryNotFoundError(f"404 Client Error: {url}", response=response)
 
 
 def nemotron_rows():

@@ -126,6 +126,48 @@ def test_run_skip_rerun_dry_run(tmp_path):
     assert [s.status for s in part] == ["skip"] * 7 + ["rerun"] * 3
 
 
+def identities(run: Path, names: tuple[str, ...]) -> dict[str, str]:
+    return {n: json.loads((run / n / "manifest.json").read_text())["identity"] for n in names}
+
+
+@pytest.mark.slow
+def test_an_override_tried_then_dropped_brings_the_first_outputs_back(tmp_path):
+    """Issue 51, finding 4: `sft.optim.lr=1e-3` and back used to retrain SFT (and everything
+    after it) from scratch, overwriting the override's SFT in `sft.previous`. Now each stage
+    finds the output made with its identity among the kept copies and brings it back; the one
+    it replaces is kept in its turn, so the override costs nothing a second time either."""
+    path = write_recipe(tmp_path)
+    run, upto = tmp_path / "run", "verified"
+    made = ("sft", "eval-sft", "samples", "verified")
+    go(path, until=upto)
+    first = identities(run, made)
+    weights = run / "sft" / "final" / "model.safetensors"
+    trained = weights.stat().st_mtime_ns
+    tried = go(path, "sft.optim.lr=1e-3", until=upto)
+    assert [s.status for s in tried] == ["skip"] * 2 + ["rerun"] * 4
+    plan = go(path, until=upto, dry_run=True)  # --dry-run says so, and moves nothing
+    assert [s.status for s in plan] == ["skip"] * 2 + ["restore"] * 4
+    assert plan[2].reason == "config changed; sft.previous has this identity: brought back"
+    assert identities(run, made) != first
+    lines: list[str] = []
+    back = pipeline.run(load_recipe(path, []), path.parent, until=upto, echo=lines.append)
+    assert [s.status for s in back] == ["skip"] * 2 + ["restore"] * 4
+    assert identities(run, made) == first and weights.stat().st_mtime_ns == trained
+    assert "pass@1" in back[3].headline and back[4].headline.startswith("8 samples")
+    assert any(line.startswith("[restore] sft: config changed; sft.previous has this "
+                               "identity: brought back; the replaced output is kept in ")
+               for line in lines), lines
+    sft_then = json.loads((run / "sft.previous" / "manifest.json").read_text())
+    assert sft_then["config"]["optim"]["lr"] == 1e-3  # the override's SFT, kept in its turn
+    # a setting outside every identity (infer's batch size) keeps the outputs where they are
+    kept = go(path, "samples.batch_size=3", until=upto)
+    assert [s.status for s in kept] == ["skip"] * 4 + ["keep"] * 2
+    assert identities(run, made) == first
+    again = go(path, "sft.optim.lr=1e-3", until=upto)  # the override again: brought back too
+    assert [s.status for s in again] == ["skip"] * 2 + ["restore"] * 4
+    assert identities(run, ("sft.previous",))["sft.previous"] == first["sft"]
+
+
 def test_dry_run_cli_prints_plan_and_writes_nothing(tmp_path):
     path = write_recipe(tmp_path)
     result = CliRunner().invoke(app, ["run", str(path), "seed=3", "--dry-run"])

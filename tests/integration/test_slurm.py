@@ -125,7 +125,12 @@ def test_the_slurm_script_reaches_what_reasoner_run_reaches(tmp_path, monkeypatc
         "status"] == "done"
 
     # sampling on Ray actors (`ray.workers`): a Ray cluster started on the allocation for the
-    # stage, joined through RAY_ADDRESS, taken down after it; the same samples as one process
+    # stage, joined through RAY_ADDRESS, taken down after it; the same samples as one process.
+    # ray.workers is no part of the samples' identity: with the folder there, `reasoner run`
+    # would keep it as it is ([keep]); removed, the stage samples again
+    import shutil
+
+    shutil.rmtree(launched / "samples")
     ray = submit(monkeypatch, bin_dir, recipe, launched, "samples.ray.workers=2", "--only",
                  "samples")
     log = job_log(launched, ray)
@@ -208,3 +213,52 @@ def test_launch_options_that_cannot_work_are_one_paragraph(tmp_path, args, messa
     out = reasoner("run", QUICKSTART, f"run_dir={tmp_path / 'run'}", *args, cwd=REPO)
     assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
     assert not (tmp_path / "run" / "recipe.sbatch").exists()
+
+
+def test_generation_judge_and_eval_stages_spread_over_the_allocation(tmp_path, monkeypatch):
+    """Issue 51, finding 14: the PCL script ran the 32B judge and both AIME evals on the first
+    of 8 nodes (7 idle) unless `ray.workers` was overridden, and said nothing. Now each engine
+    that sets no ray.workers gets the actors the allocation holds, in the script's overrides,
+    and the summary says where each stage runs; cluster.spread=false keeps the configs' way,
+    with a warning for each stage that leaves devices idle."""
+    bin_dir = tmp_path / "bin"
+    for key, value in install(bin_dir).items():
+        monkeypatch.setenv(key, value)
+    pcl = REPO / "configs/pcl_reasoner_v1_5/recipe.yaml"
+    run_dir = tmp_path / "run"
+    gpus = ["--launcher", "slurm", "--nodes", "8", "--devices-per-node", "8", "--kind", "h100",
+            "--print-only"]
+    out = reasoner("run", pcl, f"run_dir={run_dir}", *gpus, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    script = (run_dir / "recipe.sbatch").read_text()
+    by = {line.split()[1]: line for line in script.splitlines() if line.startswith("stage ")}
+    for name in ("verify", "aime24", "aime25"):
+        assert '--launch "bash $SCRIPT ray_stage' in by[name], by[name]
+    assert '--launch "bash $SCRIPT shard"' in by["samples"]  # one TP-8 engine per node already
+    assert (f"ARGS=(run_dir={run_dir} verify.judge.ray.workers=8 aime24.ray.workers=8 "
+            "aime25.ray.workers=8)") in script
+    said = out.stderr
+    assert ("[slurm] verify (verify): its engines on a Ray cluster of every node: 8 judge "
+            "actor(s) of 8 device(s)") in said
+    assert "[slurm] samples (infer): one shard per node, 8 in all" in said
+    assert "[slurm] sft (sft): torchrun, 8 processes on each of 8 node(s)" in said
+    assert "warning" not in said
+    # as the configs say: a warning per stage that leaves devices idle, none of them spread
+    out = reasoner("run", pcl, f"run_dir={run_dir}", "cluster.spread=false", *gpus, cwd=REPO)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 0 and "ray_stage" not in lines_of_stages(run_dir)
+    assert ("[slurm] warning: aime24 (eval): on the first node only: the other 7 node(s) wait "
+            "while it runs (set aime24.ray.workers, or cluster.spread=true, to spread it)") in said
+    assert "[slurm] warning: verify (verify): on the first node only" in said
+    # 4 Atlas A3 nodes of 16: a node holds two TP-8 engines, so sampling goes on Ray too
+    out = reasoner("run", pcl, f"run_dir={run_dir}", "--launcher", "slurm", "--nodes", "4",
+                   "--devices-per-node", "16", "--kind", "910b", "--print-only", cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert ("generation spread over the 4 nodes (cluster.spread): samples.ray.workers=8 "
+            "verify.judge.ray.workers=8 aime24.ray.workers=8 aime25.ray.workers=8") in out.stderr
+
+
+def lines_of_stages(run_dir: Path) -> str:
+    """The `stage ...` lines of the script written last."""
+    return "\n".join(line for line in (run_dir / "recipe.sbatch").read_text().splitlines()
+                     if line.startswith("stage "))

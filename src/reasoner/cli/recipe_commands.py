@@ -38,7 +38,9 @@ def run_recipe(
     overrides: OverridesArg = None,
     start: Annotated[str | None, typer.Option("--from", help="rerun from this stage on")] = None,
     until: Annotated[str | None, typer.Option("--until", help="stop after this stage")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and commands only")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="print the plan and commands only, after checking every outside input "
+        "(hub ids on the hub)")] = False,
     no_plan: Annotated[bool, typer.Option(
         "--no-plan", help="run even if `reasoner plan` says a stage does not fit here")] = False,
     only: Annotated[str | None, typer.Option(
@@ -101,7 +103,7 @@ def run_recipe(
     def go() -> list:
         cfg = load_recipe(recipe, overrides or [])
         return pipeline.run(cfg, recipe.parent, start, until, dry_run, echo=_echo, only=only,
-                            launch=shlex.split(launch) if launch else None)
+                            launch=shlex.split(launch) if launch else None, check_hub=dry_run)
 
     stages = run_stage("run", go)
     if dry_run:
@@ -135,11 +137,17 @@ def _launch_slurm(recipe: Path, overrides: list[str], until: str | None, only: s
     def write() -> tuple[Path, object]:
         cfg = load_recipe(recipe, overrides)
         alloc = cluster.allocation(nodes, per_node, kind, mem, partition)
+        spread = cluster.spread(pipeline.resolve(cfg, recipe.parent), alloc) \
+            if cfg.cluster.spread else []
+        args = [*overrides, *spread]
+        cfg = load_recipe(recipe, args)
         _echo(f"[slurm] {alloc.describe()}; what the job will do now:")
         stages = pipeline.run(cfg, recipe.parent, None, until, True, echo=_echo, only=only)
+        _echo("[slurm] hub ids are checked for form only here (`reasoner run RECIPE --dry-run` "
+              "asks the hub)")
         everything = pipeline.decide(pipeline.resolve(cfg, recipe.parent),
                                      {"stages": {}}, None, only or until)
-        cluster.check(recipe, overrides, cfg, stages, alloc)
+        cluster.check(recipe, args, cfg, stages, alloc)
         if partition:
             cfg.cluster.sbatch = [f"--partition={partition}", *cfg.cluster.sbatch]
         asked_for = [f"--nodes {nodes}"] + [f"{flag} {v}" for flag, v in (
@@ -148,8 +156,14 @@ def _launch_slurm(recipe: Path, overrides: list[str], until: str | None, only: s
         command = (f"reasoner run {shlex.join([str(recipe), *overrides])} --launcher slurm "
                    + " ".join(asked_for))
         chosen = [s for s in everything if only is None or s.name == only]
-        return slurm.write_script(cfg, recipe, overrides, chosen, alloc, command,
-                                  only or until), alloc
+        if spread:
+            _echo(f"[slurm] generation spread over the {nodes} nodes (cluster.spread): "
+                  + " ".join(spread))
+        for s in chosen:
+            warn = "warning: " if cluster.idles(s, alloc) else ""
+            _echo(f"[slurm] {warn}{s.name} ({s.command}): {cluster.where(s, alloc)}")
+        return slurm.write_script(cfg, recipe, args, chosen, alloc, command, only or until,
+                                  spread), alloc
 
     path, alloc = run_stage("run", write)
     if print_only:

@@ -4,7 +4,8 @@
 writes the batch script). This module says how each stage uses the nodes (`placement`): a trainer
 runs under torchrun on every device of every node, a generation or judge stage on Ray actors
 spread over every node (or, without Ray, infer as one shard per node), anything else on the
-first node as `reasoner run` would run it there. And it refuses, with the plan's numbers, a recipe
+first node as `reasoner run` would run it there. On several nodes, the engines that set no
+ray.workers get as many actors as the allocation holds (`spread`), unless cluster.spread is off. And it refuses, with the plan's numbers, a recipe
 that needs more devices, or more memory per device, than the allocation has (`check`).
 """
 
@@ -133,6 +134,64 @@ def placement(stage: StageRun) -> str:
     return "first"
 
 
+def spread(stages: list[StageRun], alloc: Allocation) -> list[str]:
+    """The overrides that put each generating engine of these stages that sets no ray.workers
+    (infer's, eval's, a judge's) on Ray actors over the whole allocation, as many as its devices
+    hold: `STAGE.ray.workers=N` (`STAGE.judge.ray.workers=N`), N = nodes x engines a node holds.
+    None on one node, on CPU nodes (an actor holds no device there to place it by), nor for an
+    infer whose node shards already give every device an engine (one engine per node)."""
+    if alloc.nodes == 1 or alloc.kind == "cpu":
+        return []
+    found: dict[str, int] = {}
+    for s in stages:
+        for prefix, tp, workers, each in engines(s):
+            per_engine = tp if each is None else each
+            per_node = int(alloc.per_node // per_engine) if per_engine else 0
+            if workers or per_node == 0:  # asked for; or over a node (device_problems says)
+                continue
+            if s.command == "infer" and not prefix and per_node == 1:
+                continue
+            found.setdefault(f"{s.spec.name}.{prefix}ray.workers", alloc.nodes * per_node)
+    return [f"{key}={n}" for key, n in found.items()]
+
+
+def where(stage: StageRun, alloc: Allocation) -> str:
+    """Where the stage runs on the allocation, in words (the script's comments, the summary
+    `reasoner run --launcher slurm` prints); a stage that leaves devices idle (`idles`) says
+    so, and how to spread it."""
+    place = placement(stage)
+    if place == "train":
+        return f"torchrun, {alloc.per_node} processes on each of {alloc.nodes} node(s)"
+    if place == "ray":
+        actors = " and ".join(f"{workers} {prefix.rstrip('.') + ' ' if prefix else ''}"
+                              f"actor(s) of {tp if each is None else each:g} device(s)"
+                              for prefix, tp, workers, each in engines(stage) if workers)
+        return f"its engines on a Ray cluster of every node: {actors}"
+    said = (f"one shard per node, {alloc.nodes} in all" if place == "shard" else
+            "on the first node")
+    if not idles(stage, alloc):
+        return said
+    keys = " / ".join(f"{stage.spec.name}.{prefix}ray.workers" for prefix, *_ in engines(stage))
+    how = "" if alloc.kind == "cpu" else ", or cluster.spread=true,"
+    if place == "shard":
+        tp = engines(stage)[0][1]
+        return (f"{said}, one engine of {tp} device(s) each: {alloc.per_node - tp} of each "
+                f"node's {alloc.per_node} devices wait (set {keys}{how} to use them)")
+    return (f"{said} only: the other {alloc.nodes - 1} node(s) wait while it runs (set "
+            f"{keys}{how} to spread it)")
+
+
+def idles(stage: StageRun, alloc: Allocation) -> bool:
+    """The stage's engines leave devices of a several-node allocation idle: on the first node
+    alone, or as node shards of one engine where a node holds more."""
+    place = placement(stage)
+    if alloc.nodes == 1 or not engines(stage):
+        return False
+    if place == "shard":  # on CPU nodes, --devices-per-node counts processes, not engines
+        return alloc.kind != "cpu" and alloc.per_node // engines(stage)[0][1] > 1
+    return place == "first"
+
+
 def hccl_timeout_s(stage: StageRun) -> int:
     """HCCL_EXEC_TIMEOUT of a training stage: its run.dist_timeout_min (device.set_hccl_timeout)."""
     return int(round(stage.config.run.dist_timeout_min * 60))
@@ -174,9 +233,9 @@ def check(recipe_path: Path, overrides: list[str], recipe: RecipeConfig, stages:
           alloc: Allocation) -> None:
     """Refuse, before anything is submitted, a recipe whose stages need more devices than the
     allocation has, or more memory per device than the plan finds (`reasoner plan`'s numbers)."""
-    lines = device_problems([s for s in stages if s.status != "skip"], alloc, recipe.cluster.env)
+    lines = device_problems([s for s in stages if s.works], alloc, recipe.cluster.env)
     if alloc.mem_gib is not None:
-        running = {s.name for s in stages if s.status != "skip"}
+        running = {s.name for s in stages if s.works}
         for p in plan_recipe(recipe_path, alloc.devices, alloc.mem_gib, alloc.kind,
                              overrides=overrides):
             if p.name in running and not p.fits:

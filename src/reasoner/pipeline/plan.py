@@ -62,13 +62,58 @@ def device_mem_gib(kind: str, given: float | None = None) -> float:
     return given or DEVICE_MEM_GIB.get(kind, DEFAULT_MEM_GIB)
 
 
-def step_seconds(s: Shape, tokens_per_step: int, seq_len: int, devices: int, tflops: float,
+def step_seconds(s: Shape, tokens_per_step: float, attended: float, devices: int, tflops: float,
                  mfu: float, checkpointing: bool) -> float:
-    """6 (8 with recompute) x params x tokens, plus causal attention, at `mfu` of peak."""
+    """6 (8 with recompute) x params x tokens, plus causal attention over `attended` tokens
+    per token (a sequence's length), at `mfu` of peak."""
     mult = 8 if checkpointing else 6
-    attn = (mult / 2) * s.layers * s.hidden * seq_len * tokens_per_step  # 2 L s^2 H per seq fwd
+    attn = (mult / 2) * s.layers * s.hidden * attended * tokens_per_step  # 2 L s^2 H per seq fwd
     flops = mult * s.params * tokens_per_step + attn
     return flops / (devices * tflops * 1e12 * mfu)
+
+
+LENGTHS_READ = 1000  # samples of train-offline's input read for their lengths (a 32B run's
+# rollouts hold tens of thousands of 32K-token samples: their mean is known well before that)
+
+
+def step_tokens(cfg: TrainerConfig, masked: bool) -> tuple[float, float, str]:
+    """Tokens one optimiser step computes, the tokens each attends to (the length of its
+    sample: a packed row's samples never see each other, unless a T x T mask computes the whole
+    row: `masked`), and where the numbers come from. sft's global_batch counts rows of
+    row_tokens; train-offline's counts samples: their lengths in its input when that exists,
+    else max_tokens each."""
+    rows = cfg.run.global_batch
+    if not isinstance(cfg, OfflineConfig):
+        span = cfg.row_tokens if masked or not cfg.packing else cfg.max_tokens
+        return rows * cfg.row_tokens, span, f"{rows} rows of {cfg.row_tokens:,} tokens"
+    lengths = _sample_lengths(Path(cfg.input_dir), cfg.max_tokens)
+    if lengths:
+        mean = sum(lengths) / len(lengths)
+        span = sum(n * n for n in lengths) / sum(lengths)  # a token's sample, by token
+        said = (f"{rows} samples of {mean:,.0f} tokens on average (the first "
+                f"{len(lengths):,} of {cfg.input_dir} within max_tokens)")
+    else:
+        mean = span = cfg.max_tokens
+        said = (f"{rows} samples of at most {cfg.max_tokens:,} tokens (max_tokens; "
+                f"{cfg.input_dir} is not made yet)")
+    return rows * mean, (cfg.seq_len if masked and cfg.packing else span), said
+
+
+def _sample_lengths(folder: Path, max_tokens: int) -> list[int]:
+    """Prompt + response tokens of the first samples of a Verified shard, as train-offline keeps
+    them (longer than max_tokens: dropped); [] when the shard is not there."""
+    from reasoner import shards
+
+    if not shards.is_complete(folder):
+        return []
+    lengths = []
+    for row in shards.iter_rows(folder):
+        n = row["prompt_tokens"] + row["response_tokens"]
+        if n <= max_tokens:
+            lengths.append(n)
+        if len(lengths) == LENGTHS_READ:
+            break
+    return lengths
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,17 +148,19 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
     stage scores reference / behaviour log-probs before training (train-offline)."""
     dtype_bytes = _dtype_bytes(cfg, kind)
     sp = cfg.run.sequence_parallel
-    per_step = cfg.run.global_batch * cfg.row_tokens
-    step = step_seconds(shape, per_step, cfg.row_tokens, devices, tflops or PEAK_TFLOPS[kind], mfu,
+    masked = kind == "cpu" or cfg.model.attn_implementation in ("sdpa", "eager")
+    per_step, attended, counted = step_tokens(cfg, masked and layout == "fsdp")
+    step = step_seconds(shape, per_step, attended, devices, tflops or PEAK_TFLOPS[kind], mfu,
                         cfg.run.gradient_checkpointing)
     if layout == "mindspeed":
-        return _plan_mindspeed(name, cfg, shape, model, devices, mem_gib, step, tp, pp)
+        estimate = _plan_mindspeed(name, cfg, shape, model, devices, mem_gib, step, tp, pp)
+        estimate.notes.append(f"time per step: {counted}")
+        return estimate
     refused = _sequence_parallel_refused(shape, model, sp, devices)
     parts, vocab, peaks = _fsdp_parts(cfg, shape, devices, mem_gib, dtype_bytes, extra)
     additive = 0 if kind in NPU_KINDS else dtype_bytes  # torch_npu takes the bool mask as is
     mask = packed_mask_bytes(cfg.run.micro_batch, cfg.row_tokens, sp, additive) \
         if cfg.packing else 0
-    masked = kind == "cpu" or cfg.model.attn_implementation in ("sdpa", "eager")
     if mask and masked:  # no varlen kernel: the block mask of every micro-batch (attention.py)
         parts["packed-row mask (T x T)"] = mask
     if not scores:
@@ -132,6 +179,7 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
                               {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
                               verdict, vocab)
     anchor = " and the fixed reference" if _anchor(cfg) else ""
+    estimate.notes.append(f"time per step: {counted}")
     estimate.notes.append(f"loading (the policy's weights{anchor} as they reach the device): "
                           f"{1.1 * peaks['loading'] / GIB:.1f} GiB")
     if scores:

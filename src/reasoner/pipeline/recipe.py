@@ -64,6 +64,10 @@ class ClusterConfig(Strict):
     sbatch: list[str] = Field(
         default_factory=list, description="extra sbatch options, one `#SBATCH` line each, e.g. "
         "--partition=gpu, --time=2-00:00:00, --account=ml, --gres=npu:16")
+    spread: bool = Field(
+        True, description="on several nodes, give each generating engine (infer, eval, a "
+        "judge) that sets no ray.workers as many Ray actors as the allocation holds; false: "
+        "as the stage configs say (a warning names each stage left on the first node)")
 
     @field_validator("env")
     @classmethod
@@ -104,6 +108,13 @@ class RecipeConfig(Strict):
     rounds: int = Field(1, ge=1, description="repeat the `repeat: true` block (infer -> verify -> "
                         "train-offline [-> eval]) from the newest checkpoint")
     stages: list[StageSpec] = Field(..., min_length=1, description="the stages, in order")
+    keep_previous: int = Field(
+        1, ge=0, description="earlier outputs kept per stage when a changed config replaces it "
+        "(<stage>.previous, .previous-2, ...); one whose identity a stage asks for again is "
+        "brought back instead of recomputed. 0: delete the replaced output")
+    previous_max_gib: float | None = Field(
+        None, ge=0, description="at most this many GiB of earlier outputs per stage, the oldest "
+        "deleted first; null: no limit but keep_previous")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig,
                                    description="`--launcher slurm`: per-node environment, sbatch "
                                    "options")

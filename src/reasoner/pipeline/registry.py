@@ -41,6 +41,7 @@ class StageKind:
     cli: tuple[str, ...] = ()  # CLI commands that read this config model
     artifact: str = ""  # what to open first in its folder
     checkpoint: bool = False  # writes a model: {policy} points at its `final/` afterwards
+    identified: bool = False  # its manifest records outputs.Identity (previous.py reuses it)
 
     def run(self, config: Any) -> Any:
         module, function = self.runner.split(":")
@@ -93,6 +94,9 @@ def _eval(out: Path) -> tuple[str, dict]:
 def _compare(out: Path) -> tuple[str, dict]:
     r = json.loads((out / "compare.json").read_text())
     last = r["runs"][-1]
+    if last["diff"] is None:  # the two reports share no problem: no paired difference
+        return (f"{Path(last['name']).name} vs {Path(r['runs'][0]['name']).name}: no shared "
+                "problems", {"diff": None, "diff_ci95": None, "significant": False})
     lo, hi = last["diff_ci95"]
     m = {"diff": last["diff"], "diff_ci95": [lo, hi], "significant": last["significant"]}
     return (f"{Path(last['name']).name} vs {Path(r['runs'][0]['name']).name}: "
@@ -111,13 +115,15 @@ def run_compare(config: dict) -> Path:
 STAGES: dict[str, StageKind] = {s.command: s for s in [
     StageKind("data synth", SynthConfig, "reasoner.data.synthetic:run", _synth, ("data synth",)),
     StageKind("model tiny", TinyConfig, "reasoner.models.tiny:build_tiny", _tiny, ("model tiny",)),
-    StageKind("sft", SFTConfig, "reasoner.sft:run", _trained, ("sft",), "final", checkpoint=True),
-    StageKind("infer", InferConfig, "reasoner.infer:run", _infer, ("infer",)),
-    StageKind("verify", VerifyConfig, "reasoner.verify:run", _verify, ("verify",)),
+    StageKind("sft", SFTConfig, "reasoner.sft:run", _trained, ("sft",), "final", checkpoint=True,
+              identified=True),
+    StageKind("infer", InferConfig, "reasoner.infer:run", _infer, ("infer",), identified=True),
+    StageKind("verify", VerifyConfig, "reasoner.verify:run", _verify, ("verify",),
+              identified=True),
     StageKind("train-offline", OfflineConfig, "reasoner.train_offline:run", _trained,
-             ("train-offline",), "final", checkpoint=True),
+             ("train-offline",), "final", checkpoint=True, identified=True),
     StageKind("eval", EvalConfig, "reasoner.eval:run", _eval, ("eval aime", "eval bench"),
-             "report.md"),
+             "report.md", identified=True),
     StageKind("compare", None, "reasoner.pipeline.registry:run_compare", _compare, (), "compare.md"),
 ]}
 

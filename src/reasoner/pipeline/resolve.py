@@ -37,7 +37,7 @@ class StageRun:
     digest: str = ""                 # digest of this stage's own command and config
     source: Path | None = None       # the recipe's config file for this stage
     overrides: list[str] = field(default_factory=list)  # key=value the recipe puts on top of it
-    status: str = "run"              # skip | run | rerun | resume
+    status: str = "run"              # skip | run | rerun | resume | keep | restore (previous.py)
     reason: str = ""
     seconds: float = 0.0
     headline: str = ""
@@ -46,6 +46,11 @@ class StageRun:
     @property
     def command(self) -> str:
         return self.spec.command
+
+    @property
+    def works(self) -> bool:
+        """This invocation computes the stage (not: skipped, kept as it is, brought back)."""
+        return self.status in ("run", "rerun", "resume")
 
     @property
     def artifact(self) -> str:

@@ -8,7 +8,9 @@ each round's optimiser and reference start fresh from that checkpoint.
 What has run is recorded in RUN_DIR/pipeline.json: for each stage a chain digest of its resolved
 config and those of every stage before it. A stage whose digest is unchanged and that finished is
 skipped; a changed stage reruns, and so does everything after it (their inputs changed); a stage
-that was interrupted with an unchanged digest resumes. Each resolved config is also written to
+that was interrupted with an unchanged digest resumes. A stage about to run whose output for this
+config is already there, in its folder or in a kept copy of it, is kept or brought back instead
+(previous.py: decided by identity). Each resolved config is also written to
 RUN_DIR/configs/<name>.yaml, so any stage can be rerun by hand with the printed command.
 """
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ import yaml
 from reasoner import shards
 from reasoner.config import ConfigError, dump
 from reasoner.errors import ReasonerError, ShardError
-from reasoner.pipeline import inputs
+from reasoner.pipeline import inputs, previous
 from reasoner.pipeline.recipe import RecipeConfig
 from reasoner.pipeline.registry import STAGES
 from reasoner.pipeline.resolve import StageRun, resolve
@@ -183,18 +184,6 @@ def _execute(stage: StageRun, config_path: Path, launch: list[str] | None = None
     STAGES[stage.command].run(stage.config)
 
 
-def set_aside(out: Path) -> str:
-    """Move a stage's previous output to `<out>.previous` (replacing an older one: one copy is
-    kept) instead of deleting it; say where, and what it costs on disk."""
-    previous = out.with_name(out.name + ".previous")
-    if previous.exists():
-        shutil.rmtree(previous)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    out.rename(previous)
-    return (f"the previous output is kept in {previous} ({size / 2**30:.2f} GiB; delete it to "
-            "free the space; the next replacement overwrites it)")
-
-
 def _save_state(run_dir: Path, state: dict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     shards.atomic_write_text(run_dir / STATE, json.dumps(state, indent=2, sort_keys=True) + "\n")
@@ -204,12 +193,12 @@ def time_left(stages: list[StageRun], done: StageRun, min_seconds: float = 10.0)
     """After `done` ran: the time the stages still to run should take here, their reference
     times (expect_seconds) scaled by how much slower or faster this machine ran the stages so
     far (those expected to take >= min_seconds: a 1-second stage says nothing about speed)."""
-    timed = [s for s in stages[:stages.index(done) + 1] if s.status != "skip"
+    timed = [s for s in stages[:stages.index(done) + 1] if s.works
              and s.spec.expect_seconds is not None and s.spec.expect_seconds >= min_seconds]
     if not timed:
         return None
     factor = sum(s.seconds for s in timed) / sum(s.spec.expect_seconds for s in timed)
-    rest = [s for s in stages[stages.index(done) + 1:] if s.status != "skip"]
+    rest = [s for s in stages[stages.index(done) + 1:] if s.works]
     if not rest:
         return None
     left = factor * sum(s.spec.expect_seconds or 0.0 for s in rest)
@@ -229,20 +218,22 @@ def only_stage(stages: list[StageRun], name: str) -> list[StageRun]:
 
 def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str | None = None,
         dry_run: bool = False, echo=print, only: str | None = None,
-        launch: list[str] | None = None) -> list[StageRun]:
+        launch: list[str] | None = None, check_hub: bool = False) -> list[StageRun]:
     """Run (or, with dry_run, only resolve and print) the recipe; return its stages with status
     and numbers. `only`: just that stage (the others before it finished); `launch`: the prefix
-    the stages that run are started under (the Slurm script's srun + torchrun)."""
+    the stages that run are started under (the Slurm script's srun + torchrun); `check_hub`:
+    look up on the hub the hub ids the stages to run read (`--dry-run`)."""
     if only is not None and (start is not None or until is not None):
         raise ConfigError("--only runs one stage: drop --from / --until")
     run_dir = Path(recipe.run_dir)
     stages = decide(resolve(recipe, base), _read_state(run_dir), start, only or until)
-    inputs.check(stages, run_dir)  # dry run or not: a missing input stops before any stage
+    previous.mark(stages, start)  # outputs already made with this identity: kept or brought back
+    inputs.check(stages, run_dir, ask_hub=check_hub, echo=echo)  # a missing input stops any stage
     if only is not None:
         stages = only_stage(stages, only)
     if dry_run:
         for s in stages:
-            echo(f"{s.status:>6}  {s.name:<16} {s.reason:<28} {shlex.join(command_line(s))}")
+            echo(f"{s.status:>7}  {s.name:<16} {s.reason:<28} {shlex.join(command_line(s))}")
         return stages
     missing = [s.name for s in stages if s.reason.endswith("!)")]
     if missing:
@@ -254,21 +245,13 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
         if s.status == "skip":
             echo(f"[skip] {s.name}: {s.reason}")
             continue
-        path = run_dir / "configs" / f"{s.name}.yaml"
-        if s.status in ("run", "rerun") and s.out.exists():
-            echo(f"[{s.status}] {s.name}: {s.reason}; {set_aside(s.out)}")
+        if start is None and _reuse(s, recipe, echo):
+            s.seconds = 0.0
         else:
-            echo(f"[{s.status}] {s.name}: {s.reason}")
-        _write_config(s, path)
-        state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "running",
-                                   "command": s.command}
-        _save_state(run_dir, state)
-        started = time.perf_counter()
-        _execute(s, path, launch)
-        s.seconds = time.perf_counter() - started
-        line = time_left(stages, s)
-        if line:
-            echo(line)
+            _compute(s, recipe, state, echo, launch)
+            line = time_left(stages, s)
+            if line:
+                echo(line)
         s.headline, s.metrics = STAGES[s.command].headline(s.out)
         state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "done",
                                    "command": s.command,
@@ -276,3 +259,44 @@ def run(recipe: RecipeConfig, base: Path, start: str | None = None, until: str |
                                    "metrics": s.metrics, "output": str(s.out)}
         _save_state(run_dir, state)
     return stages
+
+
+def _reuse(s: StageRun, recipe: RecipeConfig, echo) -> bool:
+    """Keep the stage's folder, or bring a kept copy back, when it already holds the output
+    this stage would make (previous.py), decided now that the stages before it are done;
+    False when the stage has to be computed."""
+    if s.status == "resume":
+        return False
+    found = previous.matching(s)
+    if found is None:
+        if not s.works:  # planned, then the stage before it came out otherwise
+            s.status, s.reason = "rerun", "its inputs came out otherwise"
+        return False
+    s.reason = s.reason.split("; ")[0]  # as decided, before the planned keep / restore
+    previous.label(s, found)
+    if s.status == "keep":
+        echo(f"[keep] {s.name}: {s.reason}")
+        return True
+    said = previous.set_aside(s.out, recipe.keep_previous, recipe.previous_max_gib, back=found)
+    echo(f"[restore] {s.name}: {s.reason}; {said}")
+    return True
+
+
+def _compute(s: StageRun, recipe: RecipeConfig, state: dict, echo,
+             launch: list[str] | None) -> None:
+    """Run one stage: its old output set aside (previous.py), its config written, its state
+    `running` until it returns."""
+    run_dir = Path(recipe.run_dir)
+    path = run_dir / "configs" / f"{s.name}.yaml"
+    if s.status in ("run", "rerun") and s.out.exists():
+        said = previous.set_aside(s.out, recipe.keep_previous, recipe.previous_max_gib)
+        echo(f"[{s.status}] {s.name}: {s.reason}; {said}")
+    else:
+        echo(f"[{s.status}] {s.name}: {s.reason}")
+    _write_config(s, path)
+    state["stages"][s.name] = {"chain": s.chain, "digest": s.digest, "status": "running",
+                               "command": s.command}
+    _save_state(run_dir, state)
+    started = time.perf_counter()
+    _execute(s, path, launch)
+    s.seconds = time.perf_counter() - started

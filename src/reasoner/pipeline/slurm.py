@@ -25,7 +25,8 @@ from pathlib import Path
 
 from reasoner import __version__
 from reasoner.errors import InputError
-from reasoner.pipeline.cluster import Allocation, hccl_timeout_s, placement
+from reasoner.pipeline import cluster
+from reasoner.pipeline.cluster import Allocation
 from reasoner.pipeline.plan import NPU_KINDS
 from reasoner.pipeline.recipe import RecipeConfig
 from reasoner.pipeline.resolve import StageRun
@@ -181,26 +182,28 @@ def _settings(recipe: RecipeConfig, recipe_path: Path, overrides: list[str],
 
 def stage_line(stage: StageRun, index: int, alloc: Allocation) -> str:
     """The script's line for one stage: `stage NAME [--launch PREFIX]  # where it runs`."""
-    where = placement(stage)
-    if where == "first":
-        return f"stage {shlex.quote(stage.name)}  # {stage.command}: on the first node"
-    launch = f"bash $SCRIPT {MODES[where]}"
-    if where in ("train", "ray"):
+    place = cluster.placement(stage)
+    if place == "first":
+        return f"stage {shlex.quote(stage.name)}  # {stage.command}: {cluster.where(stage, alloc)}"
+    launch = f"bash $SCRIPT {MODES[place]}"
+    if place in ("train", "ray"):
         launch += f" {index + 1}"  # its rendezvous / Ray port: MASTER_PORT + K
-    if where == "train" and alloc.kind in NPU_KINDS:
-        launch = f"env HCCL_EXEC_TIMEOUT={hccl_timeout_s(stage)} {launch}"
-    note = {"train": f"torchrun, {alloc.per_node} processes on each node",
-            "ray": "its engines on a Ray cluster of every node",
-            "shard": "one shard per node"}[where]
-    return f'stage {shlex.quote(stage.name)} --launch "{launch}"  # {stage.command}: {note}'
+    if place == "train" and alloc.kind in NPU_KINDS:
+        launch = f"env HCCL_EXEC_TIMEOUT={cluster.hccl_timeout_s(stage)} {launch}"
+    return (f'stage {shlex.quote(stage.name)} --launch "{launch}"  # {stage.command}: '
+            f"{cluster.where(stage, alloc)}")
 
 
 def write_script(recipe: RecipeConfig, recipe_path: Path, overrides: list[str],
                  stages: list[StageRun], alloc: Allocation, command: str,
-                 until: str | None = None) -> Path:
-    """Write the batch script of these stages (in recipe order) and return its path."""
-    body = [*_header(recipe, recipe_path, alloc, command), *_settings(recipe, recipe_path,
-                                                                      overrides, alloc)]
+                 until: str | None = None, spread: list[str] = ()) -> Path:
+    """Write the batch script of these stages (in recipe order) and return its path; `spread`:
+    the overrides (among `overrides`) that cluster.spread added."""
+    body = _header(recipe, recipe_path, alloc, command)
+    if spread:
+        body += ["# generation spread over the allocation (cluster.spread; false leaves the "
+                 "stages as", f"# their configs say): {' '.join(spread)}"]
+    body += _settings(recipe, recipe_path, overrides, alloc)
     body += HELPERS.splitlines()
     body += ["",
              'case ${1:-} in  # `bash $SCRIPT MODE ...`: one stage\'s launcher, called by reasoner',
@@ -213,7 +216,7 @@ def write_script(recipe: RecipeConfig, recipe_path: Path, overrides: list[str],
              "# and final models are written there by all of them)",
              'torchrun_on_every_node "$MASTER_PORT" 1 -m reasoner check-folder "$RUN_DIR"',
              ""]
-    if any(placement(s) == "ray" for s in stages):
+    if any(cluster.placement(s) == "ray" for s in stages):
         body += ["# the Ray stages' head needs an address the other nodes reach: refused now, not",
                  "# after the stages before them", "ray_head_ip >/dev/null", ""]
     body += ["stage() {  # NAME [--launch PREFIX]: one stage, skipped or resumed as reasoner run "

@@ -32,6 +32,22 @@ def test_placement_of_each_stage():
     assert cluster.placement(by["verify"]) == "first" and cluster.placement(by["samples"]) == "first"
 
 
+def test_engines_without_ray_workers_get_the_actors_the_allocation_holds():
+    """Issue 51, finding 14: N = nodes x the engines a node holds; infer keeps its node shards
+    where they already give every device an engine; what a recipe sets is left as it is."""
+    gpu, npu = cluster.Allocation(8, 8, "h100", 80.0), cluster.Allocation(4, 16, "910b", 64.0)
+    assert cluster.spread(list(stages().values()), gpu) == [
+        "verify.judge.ray.workers=8", "aime24.ray.workers=8", "aime25.ray.workers=8"]
+    assert cluster.spread(list(stages().values()), npu) == [
+        "samples.ray.workers=8", "verify.judge.ray.workers=8", "aime24.ray.workers=8",
+        "aime25.ray.workers=8"]
+    by = stages("aime24.ray.workers=2", "aime25.vllm.tensor_parallel_size=4")
+    assert cluster.spread(list(by.values()), gpu) == [
+        "verify.judge.ray.workers=8", "aime25.ray.workers=16"]
+    assert cluster.spread(list(stages().values()), cluster.Allocation(1, 8, "h100", 80.0)) == []
+    assert cluster.spread(list(stages().values()), cluster.Allocation(4, 2, "cpu", None)) == []
+
+
 def test_device_counts_the_allocation_cannot_hold_are_named():
     by = stages("samples.ray.workers=9", "train-offline.run.sequence_parallel=8",
                 "verify.judge.vllm.tensor_parallel_size=16")

@@ -43,7 +43,7 @@ def test_the_mindspeed_layout_of_train_offline_is_the_forks_one_sample_micro_bat
     assert plans["train-offline"].parts == pytest.approx({k: v / 2**30 for k, v in rl.items()})
     assert plans["sft"].parts == pytest.approx({k: v / 2**30 for k, v in sft.items()})
     assert any("--stage opg" in n and "micro-batch 1" in n for n in plans["train-offline"].notes)
-    assert not plans["sft"].notes
+    assert plans["sft"].notes == ["time per step: 128 rows of 32,768 tokens"]
 
 
 def test_without_sequence_parallelism_the_advice_names_it_and_nothing_already_on():
@@ -253,3 +253,36 @@ def test_the_plan_command_takes_a_kinds_memory_as_the_device_reports_it():
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "1 x 22.49 GiB l4" in text and "21.8 / 22.5" in text
+
+
+def test_train_offline_is_timed_by_the_tokens_of_its_samples_not_rows_of_seq_len(tmp_path):
+    """Issue 51, finding 9: the one-GPU recipe's global batch is 128 samples of at most 1,536
+    tokens (max_tokens), packed 8,192 to a row; the plan timed 128 rows of 8,192 (115 s per
+    step on an L4). Each token attends within its own sample (a varlen kernel), so the
+    attention term spans a sample too. Once the verified shard exists, its samples' lengths
+    replace max_tokens (those longer than it are dropped, as train-offline drops them)."""
+    from reasoner import shards
+    from reasoner.models.shapes import shape_of
+
+    one_gpu = REPO / "configs" / "gsm8k_1gpu" / "recipe.yaml"
+    shape = shape_of("Qwen/Qwen2.5-0.5B-Instruct")
+
+    def rl():
+        plans = plan.plan_recipe(one_gpu, 1, 24.0, "l4", overrides=[f"run_dir={tmp_path}"])
+        return {p.name: p for p in plans}["rl"]
+
+    before = rl()
+    assert before.step_s == pytest.approx(
+        plan.step_seconds(shape, 128 * 1536, 1536, 1, 121.0, 0.35, True))
+    assert before.step_s == pytest.approx(18.96, abs=0.01)  # was 115.3
+    assert ("time per step: 128 samples of at most 1,536 tokens (max_tokens; "
+            f"{tmp_path}/verified is not made yet)") in before.notes
+    verified = tmp_path / "verified"
+    rows = [{"prompt_tokens": 150, "response_tokens": n} for n in (50, 250, 1900)]
+    shards.write_rows(verified, rows)
+    shards.finish(verified, {"samples": 3})
+    after = rl()  # 200 and 400 tokens; 2,050 is over max_tokens
+    assert after.step_s == pytest.approx(
+        plan.step_seconds(shape, 128 * 300, (200**2 + 400**2) / 600, 1, 121.0, 0.35, True))
+    assert ("time per step: 128 samples of 300 tokens on average (the first 2 of "
+            f"{verified} within max_tokens)") in after.notes
