@@ -5,7 +5,9 @@
 Each process builds the same tiny Qwen2 model twice: once as one process runs it (the kernel
 alone) and once sequence-parallel over both processes. A packed flat row whose samples straddle
 the slice boundary goes through both: the token log-probs must be equal, and the gradient of the
-same loss, summed over the two processes (as FSDP2 sums them), must equal one process's. Also:
+same loss, summed over the two processes (as FSDP2 sums them), must equal one process's; the row
+goes with the collator's layout (host data: nothing read back), and without it the same numbers
+come out. Also:
 key/value heads that the group splits (2 of them) and that it replicates (1); sdpa and eager; a
 micro-batch of one token, whose second slice is all padding. Rank 0 writes the largest
 differences to OUT.json.
@@ -15,16 +17,23 @@ import copy
 import json
 import sys
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tests_helpers import leave_process_group, strict_autograd
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from reasoner.data.packing import Layout
 from reasoner.models import sequence_parallel
 from reasoner.models.logprobs import PolicyLogprobs
 from reasoner.models.sequence_parallel import SequenceGroup
 
 LENGTHS = [5, 9, 4, 7]  # one flat row of 25 tokens: padded to 26, sliced at 13 (inside sample 1)
+
+
+def layout(labels: torch.Tensor) -> Layout:
+    """What the collator knows of the row, on the host: its targets and its samples."""
+    return Layout(np.flatnonzero(labels.reshape(-1).numpy() >= 0), tuple(LENGTHS))
 
 
 def row() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,14 +64,17 @@ def compare(kernel: str, kv_heads: int, sp: SequenceGroup) -> dict:
     weight = torch.linspace(0.5, 1.5, int((labels >= 0).sum()), dtype=torch.float64)
     ref = one(ids, pos, None, labels)  # (N,)
     (ref * weight).sum().backward()
-    got = two(ids, pos, None, labels)  # (N,), the whole row's on both processes
+    got = two(ids, pos, None, labels, layout(labels))  # (N,), the whole row's on both
     (got * weight / sp.size).sum().backward()  # each process 1/size of the loss
+    with torch.no_grad():  # no layout given: read back from the tensors, the same numbers
+        found = two(ids, pos, None, labels)
     grads = []
     for a, b in zip(alone.parameters(), shared.parameters(), strict=True):
         g = b.grad.clone()
         dist.all_reduce(g)  # FSDP2 sums each parameter's gradient over the processes
         grads.append(float((g - a.grad).abs().max()))
-    return {"logp": float((got - ref).abs().max()), "grad": max(grads), "tokens": ref.numel()}
+    return {"logp": float((got - ref).abs().max()), "grad": max(grads), "tokens": ref.numel(),
+            "found": float((found - got).abs().max())}
 
 
 def one_token(sp: SequenceGroup) -> dict:

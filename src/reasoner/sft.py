@@ -159,10 +159,11 @@ def step_loss(policy: torch.nn.Module, batch: packing.Batch, denom: float, scale
     """Backward of one micro-batch's share of the global-batch NLL (times `scale`)."""
     batch = batch.to(device)
     with dev.autocast(device, dtype):
-        logp = policy(batch.input_ids, batch.position_ids, batch.attention_mask, batch.labels)  # (N,)
+        logp = policy(batch.input_ids, batch.position_ids, batch.attention_mask, batch.labels,
+                      batch.layout)  # (N,): targets where the collator's host layout says
     nll = -logp.sum()
     (nll / denom * scale).backward()
-    return training.MicroOut({"nll": float(nll.detach()), "real": batch.real_tokens,
+    return training.MicroOut({"nll": nll.detach(), "real": batch.real_tokens,  # read once a step
                               "slots": batch.input_ids.numel()})
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -86,13 +87,27 @@ def run(cfg: OfflineConfig) -> Path:
 
 
 def trained_template(cfg: OfflineConfig) -> dict:
-    """The template the model was trained to answer: its starting model's (recorded by sft or
-    an earlier train-offline), with this config's tag names."""
-    recorded = Path(cfg.model.name_or_path) / "reasoner.json"
+    """The template the model was trained to answer: the one its training prompts were rendered
+    with (the samples' infer config, reached through the Verified shard's manifest), else its
+    starting model's record (sft or an earlier train-offline), else this config's; this config's
+    fields where it sets them. (A model imported with `reasoner model import` records none: its
+    template used to be recorded as {} whatever the samples were prompted with.)"""
+    from reasoner import shards
+    from reasoner.config import TemplateConfig
+
     template = cfg.template.model_dump(mode="json")
-    if recorded.exists():
-        before = json.loads(recorded.read_text()).get("template") or {}
-        template = {**before, **{k: template[k] for k in cfg.template.model_fields_set}}
+    verified = shards.read_manifest(Path(cfg.input_dir)) or {}
+    samples = (verified.get("inputs") or {}).get("input_dir") or \
+        (verified.get("config") or {}).get("input_dir")
+    used = None
+    if samples and Path(samples).is_dir():
+        used = ((shards.read_manifest(Path(samples)) or {}).get("config") or {}).get("template")
+    recorded = Path(cfg.model.name_or_path) / "reasoner.json"
+    before = used or (json.loads(recorded.read_text()).get("template")
+                      if recorded.exists() else None)
+    if before:
+        template = {**TemplateConfig.model_validate(before).model_dump(mode="json"),
+                    **{k: template[k] for k in cfg.template.model_fields_set}}
     return template
 
 
@@ -190,6 +205,20 @@ def _flat(values: Sequence[list[float]] | None, index: list[int], device: torch.
     return torch.tensor([x for i in index for x in values[i]], dtype=torch.float32, device=device)
 
 
+def _where(holds: np.ndarray, device: torch.device) -> Tensor:
+    """The indices where `holds` (host data) is true, as a tensor on `device`: selecting by
+    them reads nothing back from the device."""
+    return torch.from_numpy(np.flatnonzero(holds).astype(np.int64)).to(device, non_blocking=True)
+
+
+def _scope(scope: Sequence[list[float]] | None, index: list[int], device: torch.device
+           ) -> Tensor | None:
+    """Which of the samples' tokens, back to back, the loss sees (n,); None: all of them."""
+    if scope is None:
+        return None
+    return _where(np.array([x > 0 for i in index for x in scope[i]], dtype=bool), device)
+
+
 @dataclass(frozen=True)
 class MicroStep:
     """One micro-batch's forward and backward: everything it reads besides the policy."""
@@ -201,6 +230,12 @@ class MicroStep:
     env: Env
     reference: nn.Module | None = None  # scored with the policy (a moving reference)
     token_rm: token_rm.TokenRM | None = None  # trained with the policy (OREAL)
+    signal: np.ndarray = field(init=False, repr=False)  # (M,) inputs.signal on the host
+
+    def __post_init__(self) -> None:
+        # read once, before any step: a step selects samples by it without reading a tensor
+        # (under FakeTensorMode, `numpy()` of a real tensor gives garbage)
+        object.__setattr__(self, "signal", self.inputs.signal.numpy().copy())
 
     def __call__(self, policy: nn.Module, rows: list[list[int]], counts: GlobalCounts,
                  scale: float) -> training.MicroOut:
@@ -211,25 +246,28 @@ class MicroStep:
         b = self.batching.collate(data, rows).to(device)
         if not index:
             return self.dummy(policy, b)
-        sample_index = b.sample_index[b.labels >= 0]  # (N,)
+        sample_index = b.sample_index.reshape(-1).index_select(0, b.layout.index(device))  # (N,)
+        signal = self.signal[index]  # (b,) on the host: which samples are which
         m = Micro(index, sample_index, inputs.signal[index].to(device),
                   data.rewards[index].to(device), data.group_acc[index].to(device),
                   _flat(inputs.old_logp, index, device), _flat(inputs.ref_logp, index, device),
-                  _flat(inputs.scope, index, device))
-        extra: dict[str, float] = {}
+                  _scope(inputs.scope, index, device), positive=_where(signal > 0, device),
+                  negative=_where(signal < 0, device))
+        extra: dict[str, Tensor] = {}
         if self.reference is not None:
             with torch.no_grad(), dev.autocast(device, self.env.dtype):
                 m.ref_logp = self.reference(b.input_ids, b.position_ids, b.attention_mask,
-                                            b.labels).float()  # (N,)
+                                            b.labels, b.layout).float()  # (N,)
         if self.token_rm is not None:
             scores, extra["rm_bce"] = self.token_rm.train_pass(b, sample_index, m.rewards,
                                                                counts, scale)
             m.token_weights = token_rm.token_weights(scores, sample_index, m.rewards)
         with dev.autocast(device, self.env.dtype):
-            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels).float()  # (N,)
+            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels,
+                          b.layout).float()  # (N,)
         result = objectives.step(logp, m, self.obj, counts)
         (result.loss * scale).backward()
-        return training.MicroOut({"loss": float(result.loss.detach()), "tokens": b.real_tokens},
+        return training.MicroOut({"loss": result.loss.detach(), "tokens": b.real_tokens},
                                  {**result.means, **extra}, len(index) / counts.samples,
                                  result.maxima, result.minima)
 
@@ -240,10 +278,12 @@ class MicroStep:
         with dev.autocast(self.env.device, self.env.dtype):
             if self.reference is not None:
                 with torch.no_grad():
-                    self.reference(b.input_ids, b.position_ids, b.attention_mask, b.labels)
+                    self.reference(b.input_ids, b.position_ids, b.attention_mask, b.labels,
+                                   b.layout)
             if self.token_rm is not None:
                 (self.token_rm.model(b).sum() * 0.0).backward()
-            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels)  # (0,)
+            logp = policy(b.input_ids, b.position_ids, b.attention_mask, b.labels,
+                          b.layout)  # (0,)
         (logp.sum() * 0.0).backward()
         return training.MicroOut({})
 

@@ -314,3 +314,27 @@ def test_the_token_reward_model_recomputes_activations_like_the_policy(
         rm = load_token_rm(cfg, env, "sdpa", None).model
         assert rm.model.model.gradient_checkpointing is checkpointing
         assert rm.training and float(rm.head.weight.abs().sum()) == 0.0
+
+
+def test_trained_template_is_the_samples_template(tmp_path):
+    """Issue 51, finding 12: an imported model (its reasoner.json records no template) trained on
+    samples prompted with a system prompt records that prompt, not {}."""
+    import json
+
+    from reasoner import shards
+    from reasoner.config import OfflineConfig, TemplateConfig
+    from reasoner.train_offline import trained_template
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "reasoner.json").write_text(
+        json.dumps({"built_by": "reasoner model import"}))
+    used = TemplateConfig(system_prompt="Two worked examples.", instruction="")
+    shards.update_manifest(tmp_path / "samples", stage="infer",
+                           config={"template": used.model_dump(mode="json")})
+    shards.update_manifest(tmp_path / "verified", stage="verify",
+                           config={"input_dir": str(tmp_path / "samples")},
+                           inputs={"input_dir": str(tmp_path / "samples")})
+    cfg = OfflineConfig.model_validate({"model": {"name_or_path": str(tmp_path / "model")},
+                                        "input_dir": str(tmp_path / "verified"),
+                                        "output_dir": str(tmp_path / "rl")})
+    assert trained_template(cfg) == used.model_dump(mode="json")

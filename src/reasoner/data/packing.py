@@ -5,6 +5,10 @@ restart at 0) and attends only to itself. The restarting position ids are all th
 a varlen kernel (flash-attention, Ascend's fused attention) finds the samples from them in one
 flat row, and transformers derives the block-diagonal causal mask from them for sdpa and eager
 (`models.attention`). No mask is built here.
+
+Where each micro-batch's targets and sequences lie is known here, on the host, before any
+forward (`Layout`): the training step selects and bounds by it instead of reading the tensors
+back from the device (a host sync each time, and impossible on fake tensors: issue 52).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
+from torch import Tensor
 
 IGNORE = -100  # label of tokens outside the loss
 
@@ -65,12 +71,56 @@ def dummy_batch(pad_id: int) -> Batch:
     busiest runs, so that every process makes the same collectives, at almost no cost."""
     one = torch.full((1, 1), pad_id, dtype=torch.long)
     return Batch(one, torch.full((1, 1), IGNORE, dtype=torch.long), torch.zeros((1, 1),
-                 dtype=torch.long), None, torch.full((1, 1), -1, dtype=torch.long), 0, 0)
+                 dtype=torch.long), None, torch.full((1, 1), -1, dtype=torch.long), 0, 0,
+                 Layout(np.zeros(0, dtype=np.int64), (1,)))
 
 
 def efficiency(lengths: Sequence[int], bins: list[list[int]], capacity: int) -> float:
     """Real tokens / token slots."""
     return sum(lengths) / (len(bins) * capacity) if bins else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Where a micro-batch's targets and sequences lie, as the collator placed them: host data
+    (numpy, Python ints), so that selecting the targets and bounding the sequences never reads
+    the tensors back from the device."""
+
+    targets: np.ndarray  # (N,) int64: flat positions (row-major over (B, T)) with a target
+    seq_lens: tuple[int, ...] = ()  # the rows' sequences back to back, padding one of them
+    # (what a varlen kernel needs of one flat row); () for padded rows (they have a mask)
+
+    def index(self, device: torch.device) -> Tensor:
+        """The targets' positions as a tensor on `device` (N,): a copy to it, no read back."""
+        return torch.from_numpy(self.targets).to(device, non_blocking=True)
+
+    def cu_seq_lens(self, device: torch.device) -> Tensor:
+        """Where each sequence starts, and the end (k+1,) int32, on `device`."""
+        cu = np.cumsum((0, *self.seq_lens), dtype=np.int32)
+        return torch.from_numpy(cu).to(device, non_blocking=True)
+
+    @property
+    def longest(self) -> int:
+        return max(self.seq_lens, default=0)
+
+    def padded(self, extra: int) -> Layout:
+        """The layout of the rows with `extra` pad tokens after them (a sequence of its own)."""
+        return Layout(self.targets, self.seq_lens + ((extra,) if extra else ()))
+
+    @classmethod
+    def of(cls, labels: Tensor, position_ids: Tensor | None = None) -> Layout:
+        """Found from the tensors themselves (a caller that hands tensors without a batch's
+        layout): one read of them on the host. `position_ids` (one flat row, its position ids
+        restarting at 0 for each sequence) give the sequences; None: none are found."""
+        keep = labels.reshape(-1) >= 0
+        if position_ids is None:
+            return cls(np.flatnonzero(keep.tolist()).astype(np.int64))
+        keep, first = np.array(torch.stack([keep, position_ids.reshape(-1) == 0]).tolist())
+        starts = np.flatnonzero(first)
+        if not len(starts) or starts[0] != 0:
+            starts = np.concatenate([[0], starts])
+        lengths = np.diff(np.append(starts, len(first)))
+        return cls(np.flatnonzero(keep).astype(np.int64), tuple(int(n) for n in lengths))
 
 
 @dataclass
@@ -84,12 +134,13 @@ class Batch:
     sample_index: torch.Tensor  # (B, T) which sample of the micro-batch each token is, -1 = none
     num_samples: int
     real_tokens: int
+    layout: Layout  # where its targets and sequences lie (host data: stays on the host)
 
     def to(self, device: torch.device) -> Batch:
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.input_ids), move(self.labels), move(self.position_ids),
                      move(self.attention_mask), move(self.sample_index), self.num_samples,
-                     self.real_tokens)
+                     self.real_tokens, self.layout)
 
 
 def _shifted_labels(ids: list[int], loss_mask: list[bool]) -> list[int]:
@@ -111,22 +162,29 @@ def collate_packed(rows: list[list[tuple[list[int], list[bool]]]], seq_len: int,
     position_ids = torch.zeros((B, seq_len), dtype=torch.long)
     segment = torch.full((B, seq_len), -1, dtype=torch.long)
     k = 0
+    targets: list[int] = []
+    seq_lens: list[int] = []
     for r, samples in enumerate(rows):
         start = 0
         for ids, loss_mask in samples:
             n = len(ids)
             end = start + n
+            shifted = _shifted_labels(ids, loss_mask)
             input_ids[r, start:end] = torch.tensor(ids)
-            labels[r, start:end] = torch.tensor(_shifted_labels(ids, loss_mask))
+            labels[r, start:end] = torch.tensor(shifted)
             position_ids[r, start:end] = torch.arange(n)
             segment[r, start:end] = k
+            targets += [r * seq_len + t for t in range(start, end) if shifted[t - start] != IGNORE]
+            seq_lens.append(n)
             start, k = end, k + 1
         position_ids[r, start:] = torch.arange(seq_len - start)
-    real = int((segment >= 0).sum())
+        seq_lens += [seq_len - start] if start < seq_len else []
     if flat:
         input_ids, labels, position_ids, segment = (
             t.reshape(1, -1) for t in (input_ids, labels, position_ids, segment))
-    return Batch(input_ids, labels, position_ids, None, segment, k, real)
+    real = sum(len(ids) for samples in rows for ids, _ in samples)
+    return Batch(input_ids, labels, position_ids, None, segment, k, real,
+                 Layout(np.array(targets, dtype=np.int64), tuple(seq_lens)))
 
 
 def collate_padded(samples: list[tuple[list[int], list[bool]]], pad_id: int) -> Batch:
@@ -136,14 +194,19 @@ def collate_padded(samples: list[tuple[list[int], list[bool]]], pad_id: int) -> 
     labels = torch.full((B, T), IGNORE, dtype=torch.long)
     attention = torch.zeros((B, T), dtype=torch.long)
     segment = torch.full((B, T), -1, dtype=torch.long)
+    targets: list[int] = []
     for r, (ids, loss_mask) in enumerate(samples):
         n = len(ids)
+        shifted = _shifted_labels(ids, loss_mask)
         input_ids[r, :n] = torch.tensor(ids)
-        labels[r, :n] = torch.tensor(_shifted_labels(ids, loss_mask))
+        labels[r, :n] = torch.tensor(shifted)
         attention[r, :n] = 1
         segment[r, :n] = r
+        targets += [r * T + t for t in range(n) if shifted[t] != IGNORE]
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    return Batch(input_ids, labels, position_ids, attention, segment, B, int(attention.sum()))
+    real = sum(len(ids) for ids, _ in samples)
+    return Batch(input_ids, labels, position_ids, attention, segment, B, real,
+                 Layout(np.array(targets, dtype=np.int64)))
 
 
 class TokenRows(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from reasoner.data.packing import Layout
 from reasoner.models import sequence_parallel
 from reasoner.models.lm_head import compute_dtype, lowp_logits, times_weight
 from reasoner.models.sequence_parallel import SequenceGroup
@@ -107,39 +108,48 @@ class PolicyLogprobs(nn.Module):
         self.sp = sp or SequenceGroup()  # sequence parallel: each process computes 1/size
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
-                labels: Tensor) -> Tensor:
+                labels: Tensor, layout: Layout | None = None) -> Tensor:
         """Log-probs (N,) of `labels` (B, T) at positions where labels >= 0, row-major order.
+        `layout`: the batch's (packing.Layout), where its targets and sequences lie, known on
+        the host; None: found from `labels` and `position_ids` (read back: a host sync).
         Sequence-parallel: every process of the group is given the whole flat micro-batch,
         computes its slice, and returns the whole (N,) (models.sequence_parallel)."""
+        if layout is None:
+            flat = attention_mask is None and input_ids.shape[0] == 1
+            layout = Layout.of(labels, position_ids if flat else None)
         if not self.sp.on:
             return self._logprobs(input_ids, position_ids, attention_mask, labels,
-                                  self._boundaries(input_ids, position_ids, attention_mask))
-        part = sequence_parallel.split(input_ids, position_ids, labels, self.sp)
-        local = self._logprobs(part.input_ids, part.position_ids, None, part.labels,
+                                  layout.index(labels.device),
+                                  self._boundaries(input_ids, attention_mask, layout))
+        part = sequence_parallel.split(input_ids, position_ids, labels, self.sp, layout)
+        local = self._logprobs(part.input_ids, part.position_ids, None, part.labels, part.local,
                                part.attn_kwargs)  # (n,)
         return sequence_parallel.gather(local, part, self.sp)  # (N,)
 
-    def _boundaries(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None
+    def _boundaries(self, input_ids: Tensor, attention_mask: Tensor | None, layout: Layout
                     ) -> dict:
-        """A flat packed row (1, T) for a varlen kernel: its sequence boundaries, computed here
-        once per micro-batch and passed to every layer's kernel (transformers accepts them as
-        forward arguments), where transformers would derive them from the position ids again
-        in every layer (a host sync per layer; two on Ascend). {} otherwise."""
+        """A flat packed row (1, T) for a varlen kernel: its sequence boundaries, from the
+        batch's layout, passed to every layer's kernel (transformers accepts them as forward
+        arguments), where transformers would derive them from the position ids again in every
+        layer (a host sync per layer; two on Ascend). {} otherwise."""
         kernel = getattr(self.model.config, "_attn_implementation", None) or ""
         if attention_mask is not None or input_ids.shape[0] != 1 or not kernel.startswith("flash"):
             return {}
-        cu, longest = sequence_parallel.row_boundaries(position_ids)
-        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
-                "max_length_k": longest}
+        cu = layout.cu_seq_lens(input_ids.device)  # (k+1,) int32
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": layout.longest,
+                "max_length_k": layout.longest}
 
     def _logprobs(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
-                  labels: Tensor, attn_kwargs: dict) -> Tensor:
+                  labels: Tensor, targets: Tensor, attn_kwargs: dict) -> Tensor:
+        """Log-probs (n,) of `labels` at the flat positions `targets` (n,) of the (B, T) rows."""
         out = self.model.model(input_ids=input_ids, position_ids=position_ids,
                                attention_mask=attention_mask, use_cache=False, **attn_kwargs)
         hidden = out.last_hidden_state  # (B, T, H)
-        keep = labels >= 0  # (B, T)
-        h = hidden[keep] if self.temperature == 1.0 else hidden[keep] / self.temperature  # (N, H)
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, targets)  # (n, H)
+        if self.temperature != 1.0:
+            h = h / self.temperature
+        y = labels.reshape(-1).index_select(0, targets)  # (n,)
         head = self.model.lm_head
         if isinstance(head, LogprobHead):  # an FSDP2 unit of its own: gathered in its forward
-            return head(h, labels[keep], self.chunk_size)  # (N,)
-        return token_logprobs(h, head.weight, labels[keep], self.chunk_size)  # (N,)
+            return head(h, y, self.chunk_size)  # (n,)
+        return token_logprobs(h, head.weight, y, self.chunk_size)  # (n,)

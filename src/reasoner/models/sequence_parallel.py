@@ -8,12 +8,13 @@ here on torch's autograd collectives:
   row padded to a multiple of `size`; labels are shifted before the split, so a slice's last
   target is the next slice's first token), and runs every layer but attention on them alone;
 - around attention an all-to-all turns (row/size tokens, all heads) into (the whole row, heads/size)
-  and back; the kernel sees the whole row's sequence boundaries (`cu_seq_lens`, computed once
-  per micro-batch from its position ids): a varlen kernel on GPU / NPU, sdpa or eager with the
-  block-diagonal mask on CPU. Registered through transformers' attention interface, so model
-  code stays untouched;
+  and back; the kernel sees the whole row's sequence boundaries (`cu_seq_lens`, from the
+  collator's host-side layout, once per micro-batch): a varlen kernel on GPU / NPU, sdpa or
+  eager with the block-diagonal mask on CPU. Registered through transformers' attention
+  interface, so model code stays untouched;
 - the token log-probs (or scores) of the slices are all-gathered, so every process of the group
-  holds the micro-batch's whole (N,) vector, in the order one process would compute it. The
+  holds the micro-batch's whole (N,) vector, in the order one process would compute it. Which
+  positions of a slice have a target is host data too (`Slice.local`): nothing is read back. The
   gather's backward sums the group's gradients: a loss every member computes in full counts
   `size` times, so the trainers scale each member's loss by 1/size (`training.accumulate`).
 
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reasoner.data.packing import IGNORE
+from reasoner.data.packing import IGNORE, Layout
 from reasoner.device import DistInfo
 from reasoner.errors import ConfigError
 from reasoner.models.shared_mask import shared_mask_sdpa
@@ -93,17 +94,6 @@ def check_model(name_or_path: str, size: int) -> None:
     check_heads(shape.heads, shape.kv_heads, size, name_or_path)
 
 
-def row_boundaries(position_ids: Tensor) -> tuple[Tensor, int]:
-    """(cu_seq_lens (k+1,) int32, longest sequence) of one flat row (1, T) whose position ids
-    restart at 0 for every sequence."""
-    pos = position_ids.reshape(-1)
-    starts = torch.nonzero(pos == 0).reshape(-1)
-    if starts.numel() == 0 or int(starts[0]) != 0:
-        starts = torch.cat([starts.new_zeros(1), starts])
-    cu = torch.cat([starts, starts.new_tensor([pos.numel()])]).to(torch.int32)
-    return cu, int((cu[1:] - cu[:-1]).max())
-
-
 @dataclass
 class Slice:
     """This process's part of a flat micro-batch row, and what the gather needs of the whole."""
@@ -111,14 +101,16 @@ class Slice:
     input_ids: Tensor  # (1, T/size)
     position_ids: Tensor  # (1, T/size)
     labels: Tensor  # (1, T/size)
-    keep: Tensor  # (T,) the whole (padded) row's positions with a target
+    local: Tensor  # (n,) the slice's positions with a target
+    targets: Tensor  # (N,) the whole (padded) row's positions with a target
     attn_kwargs: dict  # the whole row's boundaries, for the attention kernel
 
 
 def split(input_ids: Tensor, position_ids: Tensor, labels: Tensor, sp: SequenceGroup,
-          pad_id: int = 0) -> Slice:
+          layout: Layout, pad_id: int = 0) -> Slice:
     """This process's contiguous 1/size of a flat row (1, T), the row first padded to a multiple
-    of `size` (the padding a sequence of its own, outside the loss)."""
+    of `size` (the padding a sequence of its own, outside the loss); `layout` the row's
+    (packing.Layout: where its targets and sequences lie, on the host)."""
     if input_ids.shape[0] != 1:
         raise ValueError("sequence parallelism takes flat rows (1, T): collate with flat=True")
     T = input_ids.shape[1]
@@ -128,13 +120,16 @@ def split(input_ids: Tensor, position_ids: Tensor, labels: Tensor, sp: SequenceG
         labels = torch.cat([labels, labels.new_full((1, extra), IGNORE)], 1)
         position_ids = torch.cat([position_ids, torch.arange(extra, device=position_ids.device)
                                   .to(position_ids.dtype)[None]], 1)
-    cu, longest = row_boundaries(position_ids)
+    whole, device = layout.padded(extra), input_ids.device
+    cu = whole.cu_seq_lens(device)  # (k+1,)
     width = (T + extra) // sp.size
-    part = slice(sp.rank * width, (sp.rank + 1) * width)
+    lo = sp.rank * width
+    part = slice(lo, lo + width)
+    mine = whole.targets[(whole.targets >= lo) & (whole.targets < lo + width)] - lo  # host
     return Slice(input_ids[:, part], position_ids[:, part], labels[:, part],
-                 (labels >= 0).reshape(-1),
-                 {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
-                  "max_length_k": longest})
+                 torch.from_numpy(mine).to(device, non_blocking=True), whole.index(device),
+                 {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": whole.longest,
+                  "max_length_k": whole.longest})
 
 
 def gather(values: Tensor, sl: Slice, sp: SequenceGroup) -> Tensor:
@@ -142,10 +137,9 @@ def gather(values: Tensor, sl: Slice, sp: SequenceGroup) -> Tensor:
     all-gathered with autograd (the backward sums the group's gradients)."""
     from torch.distributed._functional_collectives import all_gather_tensor_autograd
 
-    local_keep = (sl.labels >= 0).reshape(-1)
-    dense = values.new_zeros(local_keep.numel()).masked_scatter(local_keep, values)  # (T/size,)
+    dense = values.new_zeros(sl.labels.numel()).index_copy(0, sl.local, values)  # (T/size,)
     whole = all_gather_tensor_autograd(dense, 0, sp.group)  # (T,)
-    return whole[sl.keep]
+    return whole.index_select(0, sl.targets)  # (N,)
 
 
 def _all_to_all(x: Tensor, sp: SequenceGroup) -> Tensor:
@@ -194,7 +188,7 @@ def _block_mask(cu: Tensor, T: int, device: torch.device) -> Tensor:
         return _last_mask["mask"]
     _last_mask.clear()
     seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device),
-                                  (cu[1:] - cu[:-1]).to(device).long())  # (T,)
+                                  (cu[1:] - cu[:-1]).to(device).long(), output_size=T)  # (T,)
     pos = torch.arange(T, device=device)
     mask = ((seq[:, None] == seq[None, :]) & (pos[:, None] >= pos[None, :]))[None, None]
     _last_mask.update(cu=weakref.ref(cu), mask=mask)

@@ -3,7 +3,8 @@
 Layout: token tensors are flat over the response tokens of a batch. `logp`, `old_logp`,
 `ref_logp`, `weights` are (N,); `sample_index` (N,) says which of the B samples each token
 belongs to (0..B-1). Per-sample tensors are (B,). The same layout serves padded and packed
-batches. Every loss returns `(loss, metrics)` with plain-float metrics.
+batches. Every loss returns `(loss, metrics)`, each metric a detached 0-dim tensor left on the
+device (`training.accumulate` reads a step's metrics in one go, not one host sync per value).
 
 Aggregation lives in one place, `agg_loss` (as in verl's core_algos). Each loss also takes the
 *global* normaliser of its mean (samples, tokens or positive tokens in the whole global batch,
@@ -18,8 +19,8 @@ import torch
 from torch import Tensor
 
 
-def _f(x: Tensor) -> float:
-    return float(x.detach())
+def _metric(x: Tensor) -> Tensor:
+    return x.detach()
 
 
 def segment_sum(x: Tensor, sample_index: Tensor, num_samples: int) -> Tensor:
@@ -34,7 +35,8 @@ def segment_mean(x: Tensor, sample_index: Tensor, num_samples: int) -> Tensor:
     return segment_sum(x, sample_index, num_samples) / counts.clamp(min=1)
 
 
-def global_share(local_mean: Tensor, local_count: float, global_count: float | None) -> Tensor:
+def global_share(local_mean: Tensor, local_count: float | Tensor, global_count: float | None
+                 ) -> Tensor:
     """A mean over this batch's `local_count` items as its share of the mean over the global
     batch's `global_count` items: sum / global_count. None: the local mean itself."""
     if global_count is None:
@@ -59,20 +61,24 @@ def agg_loss(per_token: Tensor, sample_index: Tensor, num_samples: int, mode: st
 
 
 def pcl_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor,
-             global_samples: float | None = None) -> tuple[Tensor, dict]:
+             global_samples: float | None = None, positive: Tensor | None = None,
+             negative: Tensor | None = None) -> tuple[Tensor, dict]:
     """PCL-Reasoner-V1.5 offline objective: mean_i [-R_i * exp(mean_t log p_t(y_i))].
 
     The geometric-mean token probability of each response, pushed up for R = +1 and down for
     R = -1; no importance sampling, clipping or KL; every sample weighs the same whatever its
-    length. (PCL-Reasoner-V1.5 technical report, 2025.)
+    length. (PCL-Reasoner-V1.5 technical report, 2025.) `positive`, `negative`: the samples
+    with R > 0 and R < 0 (indices), when the caller knows them on the host; None: found from
+    `rewards` (read back from the device). Their metrics are NaN when there are none.
     """
     geo = segment_mean(logp, sample_index, rewards.shape[0]).exp()  # (B,)
     loss = global_share((-rewards * geo).mean(), rewards.shape[0], global_samples)
-    pos, neg = rewards > 0, rewards < 0
+    if positive is None or negative is None:
+        positive, negative = torch.nonzero(rewards > 0)[:, 0], torch.nonzero(rewards < 0)[:, 0]
     return loss, {
-        "loss": _f(loss),
-        "geo_prob_pos": _f(geo[pos].mean()) if pos.any() else float("nan"),
-        "geo_prob_neg": _f(geo[neg].mean()) if neg.any() else float("nan"),
+        "loss": _metric(loss),
+        "geo_prob_pos": _metric(geo.index_select(0, positive).mean()),  # NaN: no positives
+        "geo_prob_neg": _metric(geo.index_select(0, negative).mean()),
     }
 
 
@@ -85,9 +91,9 @@ def rft_loss(logp: Tensor, sample_index: Tensor, rewards: Tensor,
     normaliser is the number of positive samples' tokens in the global batch.
     """
     pos_tok = rewards[sample_index] > 0  # (N,)
-    n = pos_tok.sum()
-    loss = global_share(-(logp * pos_tok).sum() / n.clamp(min=1), float(n), global_pos_tokens)
-    return loss, {"loss": _f(loss), "pos_tokens": _f(n)}
+    n = pos_tok.sum()  # a count on the device: multiplied in below, never read back
+    loss = global_share(-(logp * pos_tok).sum() / n.clamp(min=1), n, global_pos_tokens)
+    return loss, {"loss": _metric(loss), "pos_tokens": _metric(n)}
 
 
 def group_advantages(rewards: Tensor, group_index: Tensor, mode: str = "grpo") -> Tensor:
@@ -146,9 +152,10 @@ def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_i
     loss = agg_loss(per_token, sample_index, advantages.shape[0], agg, global_tokens, global_samples)
     with torch.no_grad():
         clip_frac = (clipped > unclipped).float().mean()
-    return loss, {"loss": _f(loss), "clip_frac": _f(clip_frac), "dual_clip_frac": _f(dual.float().mean()),
-                  "ratio_mean": _f(ratio.mean()), "ratio_max": _f(ratio.max()),
-                  "ratio_min": _f(ratio.min())}
+    return loss, {"loss": _metric(loss), "clip_frac": _metric(clip_frac),
+                  "dual_clip_frac": _metric(dual.float().mean()),
+                  "ratio_mean": _metric(ratio.mean()), "ratio_max": _metric(ratio.max()),
+                  "ratio_min": _metric(ratio.min())}
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
@@ -186,8 +193,8 @@ def oreal_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, rewards: Te
     pg = eta * neg * (p / (1 - p)) * weighted  # (B,)
     kl = segment_mean(kl_penalty(logp, ref_logp, "k3"), sample_index, B)  # (B,)
     loss = global_share((bc + pg + beta * kl).mean(), B, global_samples)
-    return loss, {"loss": _f(loss), "bc": _f(bc.mean()), "neg_pg": _f(pg.mean()),
-                  "kl": _f(kl.mean())}
+    return loss, {"loss": _metric(loss), "bc": _metric(bc.mean()), "neg_pg": _metric(pg.mean()),
+                  "kl": _metric(kl.mean())}
 
 
 def token_rm_loss(scores: Tensor, sample_index: Tensor, rewards: Tensor,
@@ -201,15 +208,16 @@ def token_rm_loss(scores: Tensor, sample_index: Tensor, rewards: Tensor,
     target = (rewards > 0).to(seq.dtype)
     bce = torch.nn.functional.binary_cross_entropy_with_logits(seq, target, reduction="none")  # (B,)
     loss = global_share(bce.mean(), B, global_samples)
-    return loss, {"loss": _f(loss), "rm_bce": _f(bce.mean())}
+    return loss, {"loss": _metric(loss), "rm_bce": _metric(bce.mean())}
 
 
 def kl_loss(logp: Tensor, ref_logp: Tensor, sample_index: Tensor, num_samples: int, agg: str,
             global_tokens: float | None = None, global_samples: float | None = None
-            ) -> tuple[Tensor, float]:
+            ) -> tuple[Tensor, Tensor]:
     """The k3 KL to the reference aggregated like the objective it joins; (loss, mean KL)."""
     kl = kl_penalty(logp, ref_logp, "k3")  # (N,)
-    return agg_loss(kl, sample_index, num_samples, agg, global_tokens, global_samples), _f(kl.mean())
+    loss = agg_loss(kl, sample_index, num_samples, agg, global_tokens, global_samples)
+    return loss, _metric(kl.mean())
 
 
 def soft_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, factor: float = 1.0

@@ -26,7 +26,8 @@ from reasoner.rl.rollouts import Rollouts
 
 @dataclass
 class Micro:
-    """One micro-batch's per-sample and per-token inputs to an objective."""
+    """One micro-batch's per-sample and per-token inputs to an objective. What selects among
+    them (`scope`, `positive`, `negative`) is built on the host: nothing is read back."""
 
     index: list[int]  # rollout indices of its samples
     sample_index: Tensor  # (N,) 0..b-1
@@ -35,8 +36,10 @@ class Micro:
     group_acc: Tensor  # (b,)
     old_logp: Tensor | None = None  # (N,) behaviour log-probs (the clipped objectives)
     ref_logp: Tensor | None = None  # (N,) reference log-probs (KL terms, OREAL)
-    scope: Tensor | None = None  # (N,) 1 on the tokens the loss sees (pcl's neg_scope); None: all
+    scope: Tensor | None = None  # (n,) which of the N tokens pcl's loss sees; None: all
     token_weights: Tensor | None = None  # (N,) OREAL's token RM weights; None: all 1
+    positive: Tensor | None = None  # (p,) which of the b samples have signal > 0 (pcl's metrics)
+    negative: Tensor | None = None  # (q,) ... signal < 0; None: found from `signal`
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,9 @@ class StepResult:
     reduced over the step: averaged, or the largest / smallest value."""
 
     loss: Tensor
-    means: dict[str, float]
-    maxima: dict[str, float] = field(default_factory=dict)
-    minima: dict[str, float] = field(default_factory=dict)
+    means: dict[str, Tensor]  # 0-dim, detached: read once per step (training.accumulate)
+    maxima: dict[str, Tensor] = field(default_factory=dict)
+    minima: dict[str, Tensor] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,8 +196,10 @@ def _with_kl(loss: Tensor, metrics: dict, logp: Tensor, m: Micro, obj: Objective
 
 
 def pcl_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
-    keep = m.scope > 0 if m.scope is not None else slice(None)  # neg_scope: own tokens only
-    loss, metrics = losses.pcl_loss(logp[keep], m.sample_index[keep], m.signal, n.samples)
+    seen, where = logp, m.sample_index
+    if m.scope is not None:  # neg_scope: a negative's own tokens only
+        seen, where = logp.index_select(0, m.scope), where.index_select(0, m.scope)  # (n,)
+    loss, metrics = losses.pcl_loss(seen, where, m.signal, n.samples, m.positive, m.negative)
     return _with_kl(loss, metrics, logp, m, obj, n, "seq-mean-token-mean")
 
 

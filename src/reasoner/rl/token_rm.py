@@ -57,18 +57,21 @@ class TokenRewardModel(nn.Module):
         every process of a sequence-parallel group)."""
         if not self.sp.on:
             return self._scores(batch.input_ids, batch.position_ids, batch.attention_mask,
-                                batch.labels, {})
-        part = sequence_parallel.split(batch.input_ids, batch.position_ids, batch.labels, self.sp)
-        local = self._scores(part.input_ids, part.position_ids, None, part.labels,
+                                batch.layout.index(batch.input_ids.device), {})
+        part = sequence_parallel.split(batch.input_ids, batch.position_ids, batch.labels, self.sp,
+                                       batch.layout)
+        local = self._scores(part.input_ids, part.position_ids, None, part.local,
                              part.attn_kwargs)  # (n,)
         return sequence_parallel.gather(local, part, self.sp)
 
     def _scores(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
-                labels: Tensor, attn_kwargs: dict) -> Tensor:
+                targets: Tensor, attn_kwargs: dict) -> Tensor:
+        """Scores (n,) at the flat positions `targets` (n,) of the (B, T) rows."""
         out = self.model.model(input_ids=input_ids, position_ids=position_ids,
                                attention_mask=attention_mask, use_cache=False, **attn_kwargs)
-        keep = labels >= 0
-        return self.head(out.last_hidden_state[keep]).squeeze(-1).float()  # (N,)
+        hidden = out.last_hidden_state  # (B, T, H)
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, targets)  # (n, H)
+        return self.head(h).squeeze(-1).float()  # (n,)
 
 
 def running_mean(x: Tensor, sample_index: Tensor) -> Tensor:
@@ -102,10 +105,11 @@ class TokenRM:
     steps: int = 0  # the RM's optimiser steps in the whole run: warm-up + policy steps
 
     def train_pass(self, batch: packing.Batch, sample_index: Tensor, rewards: Tensor,
-                   counts: GlobalCounts, scale: float) -> tuple[Tensor, float]:
+                   counts: GlobalCounts, scale: float) -> tuple[Tensor, Tensor]:
         """Scores (N,) of one micro-batch and its share of the RM's loss, backward; returns the
         scores and the micro-batch's mean BCE. The RM has its own optimiser and no loss scaler:
-        only a dummy pass's zero `scale` applies."""
+        only a dummy pass's zero `scale` applies. The BCE stays on the device (0-dim): the
+        step reads its metrics once (training.accumulate)."""
         with dev.autocast(self.env.device, self.env.dtype):
             scores = self.model(batch)  # (N,)
         loss, metrics = losses.token_rm_loss(scores, sample_index, rewards, counts.samples)
@@ -174,8 +178,10 @@ def _warm_up_step(rm: TokenRM, state: training.TrainState, data: Rollouts, sampl
             with dev.autocast(rm.env.device, rm.env.dtype):
                 (rm.model(b).sum() * 0.0).backward()
             return training.MicroOut({})
-        _, bce = rm.train_pass(b, b.sample_index[b.labels >= 0],
-                               data.rewards[index].to(rm.env.device), counts, scale)
+        targets = b.layout.index(b.labels.device)  # (N,)
+        sample_index = b.sample_index.reshape(-1).index_select(0, targets)  # (N,)
+        _, bce = rm.train_pass(b, sample_index, data.rewards[index].to(rm.env.device), counts,
+                               scale)
         return training.MicroOut({}, {"rm_bce": bce}, len(index) / counts.samples)
 
     mine = batching.share(batch_idx, data, state.dist)

@@ -38,17 +38,20 @@ from reasoner.training.final import publish_final
 from reasoner.training.policy import Loaded
 from reasoner.training.precision import MIN_LOSS_SCALE, clip_grad_norm, loss_scale, make_scaler
 
+Value = float | torch.Tensor  # a number, or a 0-dim tensor on the device (detached)
+
 
 @dataclass
 class MicroOut:
     """What one micro-batch's forward + backward reports, by how it is reduced over the step's
-    micro-batches and processes."""
+    micro-batches and processes. A value may stay on the device as a 0-dim tensor: `accumulate`
+    reads all of a step's at once, after its last micro-batch."""
 
-    sums: dict[str, float]  # added up (loss shares, counts)
-    means: dict[str, float] = field(default_factory=dict)  # averaged by `weight`; NaN skipped
+    sums: dict[str, Value]  # added up (loss shares, counts)
+    means: dict[str, Value] = field(default_factory=dict)  # averaged by `weight`; NaN skipped
     weight: float = 0.0  # this micro-batch's weight in `means` (its share of the batch)
-    maxima: dict[str, float] = field(default_factory=dict)  # the largest value; NaN skipped
-    minima: dict[str, float] = field(default_factory=dict)  # the smallest value; NaN skipped
+    maxima: dict[str, Value] = field(default_factory=dict)  # the largest value; NaN skipped
+    minima: dict[str, Value] = field(default_factory=dict)  # the smallest value; NaN skipped
 
 
 @dataclass
@@ -133,20 +136,46 @@ def accumulate(state: TrainState, micro_batches: list,
     Under sequence parallelism every member of a group computes its micro-batch's whole loss
     (models.sequence_parallel): each backpropagates 1/size of it, and the group's sums count
     once.
+
+    The values the passes leave on the device are read in one transfer after the last one
+    (`read`): the step's one host sync here, where each value used to be one (issue 52).
     """
     count = len(micro_batches)
     share = 1.0 / state.dist.sp_size
     if state.dist.world_size > 1:
         count = int(dev.all_reduce([count], state.dist, state.device, "max")[0])
+    scale = loss_scale(state.scaler)  # fp16: the scaler's, read once (it moves only in a step)
+    outs = [step_fn(micro_batches[j] if j < len(micro_batches) else dummy,
+                    float(j < len(micro_batches)) * scale * share) for j in range(count)]
+    return _reduce(state, read(outs, state.device), len(micro_batches), share)
+
+
+def read(outs: list[MicroOut], device: torch.device) -> list[MicroOut]:
+    """`outs`, each value left on the device replaced (in place) by the number it holds: all
+    read in one transfer, each exactly as `float()` reads it alone (widened first to fp64, or
+    to fp32 on an NPU: the widest dtype a value of a step there has)."""
+    places = [(part, k) for out in outs for part in (out.sums, out.means, out.maxima, out.minima)
+              for k, v in part.items() if isinstance(v, torch.Tensor)]
+    if not places:
+        return outs
+    wide = dev.reduce_dtype(device)
+    values = torch.stack([part[k].detach().reshape(()).to(device, wide) for part, k in places])
+    for (part, k), v in zip(places, values.tolist(), strict=True):
+        part[k] = v
+    return outs
+
+
+def _reduce(state: TrainState, outs: list[MicroOut], real_count: int, share: float
+            ) -> dict[str, float]:
+    """The step's metrics from its passes' (the first `real_count` real, the rest dummies):
+    sums, weighted means and extremes, over the passes and then the processes."""
     sums: dict[str, float] = {}
     num: dict[str, float] = {}
     den: dict[str, float] = {}
     top: dict[str, float] = {}  # maxima, and minima negated: both reduced with max
     sign_of: dict[str, float] = {}
-    for j in range(count):
-        real = j < len(micro_batches)
-        out = step_fn(micro_batches[j] if real else dummy,
-                      float(real) * loss_scale(state.scaler) * share)
+    for j, out in enumerate(outs):
+        real = j < real_count
         for k, v in out.sums.items():
             sums[k] = sums.get(k, 0.0) + (v * share if real else 0.0)
         for k, v in out.means.items():

@@ -113,3 +113,32 @@ def test_the_dummy_pass_of_a_process_with_fewer_micro_batches_is_one_token():
     b = dummy_batch(pad_id=0)
     assert b.input_ids.shape == (1, 1) and (b.labels == IGNORE).all()
     assert (b.num_samples, b.real_tokens) == (0, 0)
+
+
+def test_the_collator_knows_where_targets_and_sequences_lie():
+    """Issue 52: a step selects its targets and bounds its sequences by host data the collator
+    made (`Layout`), never by reading the tensors back: the targets' flat positions (row-major
+    over (B, T)), and the rows' sequences back to back, each row's padding one of them. They
+    are what the tensors say (`Layout.of` reads them back), and the real tokens are counted on
+    the host too."""
+    from reasoner.data.packing import Layout, dummy_batch
+
+    a = ([10, 11, 12, 13], [False, False, True, True])
+    b = ([20, 21, 22], [False, True, True])
+    rows = collate_packed([[a, b]], seq_len=9, pad_id=0)
+    assert rows.layout.targets.tolist() == [1, 2, 4, 5] and rows.layout.seq_lens == (4, 3, 2)
+    flat = collate_packed([[a], [b]], seq_len=5, pad_id=0, flat=True)
+    assert flat.layout.targets.tolist() == [1, 2, 5, 6] and flat.layout.seq_lens == (4, 1, 3, 2)
+    cu = flat.layout.cu_seq_lens(torch.device("cpu"))
+    assert cu.tolist() == [0, 4, 5, 8, 10] and cu.dtype == torch.int32
+    assert flat.layout.longest == 4 and flat.real_tokens == 7
+    found = Layout.of(flat.labels, flat.position_ids)
+    assert found.targets.tolist() == [1, 2, 5, 6] and found.seq_lens == (4, 1, 3, 2)
+    assert flat.layout.padded(2).seq_lens == (4, 1, 3, 2, 2)
+    padded = collate_padded([a, b], pad_id=0)
+    assert padded.layout.targets.tolist() == [1, 2, 4, 5] and padded.layout.seq_lens == ()
+    assert Layout.of(padded.labels).targets.tolist() == [1, 2, 4, 5]
+    assert padded.real_tokens == 7
+    dummy = dummy_batch(pad_id=0).layout
+    assert dummy.targets.tolist() == [] and dummy.seq_lens == (1,)
+    assert rows.to(torch.device("cpu")).layout is rows.layout  # host data: it stays

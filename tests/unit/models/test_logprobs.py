@@ -172,6 +172,25 @@ def test_peak_memory_is_a_few_chunks_and_does_not_grow_with_tokens():
     assert chunked_2x - chunked < 64 * 2**20, (chunked, chunked_2x)
 
 
+def varlen_standin(seen: list):
+    """A flash kernel's stand-in: records the boundaries it is given, computes sdpa per
+    sequence (the boundaries read through numpy: a host sync no real varlen kernel makes, kept
+    out of what `HostSyncs` records)."""
+
+    def varlen(module, q, k, v, mask, dropout=0.0, scaling=None, **kw):  # (B, H, T, D) in
+        seen.append({n: kw.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                                           "max_length_k")})
+        cu = kw["cu_seq_lens_q"].numpy().tolist()
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        outs = [torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True, scale=scaling)
+            for a, b in zip(cu[:-1], cu[1:], strict=True)]
+        return torch.cat(outs, dim=2).transpose(1, 2), None  # (B, T, H, D)
+
+    return varlen
+
+
 def test_a_flat_packed_row_hands_its_boundaries_to_every_layers_varlen_kernel(tiny_model_dir,
                                                                                monkeypatch):
     """A flat micro-batch (1, T) of 3 packed samples (5, 3 and 4 tokens) under a flash kernel:
@@ -185,19 +204,7 @@ def test_a_flat_packed_row_hands_its_boundaries_to_every_layers_varlen_kernel(ti
     from reasoner.models.logprobs import PolicyLogprobs
 
     seen = []
-
-    def varlen(module, q, k, v, mask, dropout=0.0, scaling=None, **kw):  # (B, H, T, D) in
-        seen.append({n: kw.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-                                           "max_length_k")})
-        cu = kw["cu_seq_lens_q"].tolist()
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        outs = [torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True, scale=scaling)
-            for a, b in zip(cu[:-1], cu[1:], strict=True)]
-        return torch.cat(outs, dim=2).transpose(1, 2), None  # (B, T, H, D)
-
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", varlen)
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", varlen_standin(seen))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
     g = torch.Generator().manual_seed(0)
     samples = [torch.randint(3, 100, (n,), generator=g) for n in (5, 3, 4)]
@@ -219,3 +226,45 @@ def test_a_flat_packed_row_hands_its_boundaries_to_every_layers_varlen_kernel(ti
         assert (got["max_length_q"], got["max_length_k"]) == (5, 5)
     assert seen[0]["cu_seq_lens_q"] is seen[-1]["cu_seq_lens_q"]
     torch.testing.assert_close(flat, apart, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flash_attention_2"])
+def test_given_the_collators_layout_a_forward_and_backward_read_nothing_back(
+        tiny_model_dir, monkeypatch, kernel):
+    """Issue 52: with the batch's layout (where its targets and sequences lie, host data from the
+    collator) the policy selects its targets and bounds its sequences without reading the
+    device: the only host read left in forward and backward is transformers' own check of the
+    position ids for packed sequences (which it skips on fake tensors). Without it, the layout
+    is read back from the tensors once; the log-probs and gradients are the same bit for bit."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from reasoner.data.packing import collate_packed
+    from reasoner.models.logprobs import PolicyLogprobs
+    from reasoner.training.host_syncs import HostSyncs
+
+    seen = []
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", varlen_standin(seen))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    model.config._attn_implementation = kernel
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randint(3, 100, (n,), generator=g).tolist(), [i > 1 for i in range(n)])
+               for n in (5, 3, 4)]
+    b = collate_packed([samples[:2], samples[2:]], seq_len=9, pad_id=0, flat=True)
+    policy = PolicyLogprobs(model, chunk_size=4)
+    results = []
+    for layout in (b.layout, None):
+        model.zero_grad()
+        with HostSyncs() as syncs:
+            logp = policy(b.input_ids, b.position_ids, None, b.labels, layout)  # (N,)
+            (logp * torch.arange(logp.numel())).sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in model.parameters()], syncs))
+    (given, grads, syncs), (found, grads_found, syncs_found) = results
+    assert given.numel() == int((b.labels >= 0).sum()) == 6
+    assert torch.equal(given, found) and all(map(torch.equal, grads, grads_found))
+    assert [(s.op, s.via.split(":")[0]) for s in syncs.found] == [
+        ("__bool__", "transformers/masking_utils.py")]
+    assert sorted(s.op for s in syncs_found.found) == ["__bool__", "tolist"]
+    if kernel.startswith("flash"):  # the layout's boundaries, given to every layer
+        assert seen[0]["cu_seq_lens_q"].tolist() == [0, 5, 8, 9, 13, 18]
+        assert seen[0]["max_length_q"] == 5

@@ -5,12 +5,14 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tests_helpers import SUBPROCESS_ENV, strict_autograd, torchrun_two_processes
 
+from reasoner.data.packing import Layout
 from reasoner.errors import ConfigError
-from reasoner.models.sequence_parallel import SequenceGroup, check_heads, row_boundaries, split
+from reasoner.models.sequence_parallel import SequenceGroup, check_heads, split
 
 CHECK = Path(__file__).parents[2] / "sequence_parallel_check.py"
 
@@ -31,26 +33,27 @@ def test_a_size_must_split_the_query_heads_and_the_key_value_heads_or_be_their_m
         check_heads(40, 8, 16)  # 40 % 16 != 0
 
 
-def test_sequence_boundaries_come_from_the_position_ids_of_the_whole_row():
-    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
-    cu, longest = row_boundaries(pos)
-    assert cu.tolist() == [0, 3, 5, 9] and cu.dtype == torch.int32 and longest == 4
-
-
 def test_a_row_is_padded_to_a_multiple_of_the_group_and_cut_in_contiguous_slices():
     """7 tokens over 2 processes: padded to 8 (the padding a sequence of its own, outside the
-    loss), each process 4 consecutive tokens; the boundaries and targets are the whole row's."""
+    loss), each process 4 consecutive tokens; the boundaries and targets are the whole row's,
+    and each slice's targets its own, all from the host-side layout."""
     ids = torch.tensor([[11, 12, 13, 14, 15, 16, 17]])
     pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])
     labels = torch.tensor([[12, 13, 14, -100, 16, 17, -100]])
-    first = split(ids, pos, labels, SequenceGroup(2, 0), pad_id=0)
-    second = split(ids, pos, labels, SequenceGroup(2, 1), pad_id=0)
+    layout = Layout(np.array([0, 1, 2, 4, 5]), (4, 3))
+    first = split(ids, pos, labels, SequenceGroup(2, 0), layout, pad_id=0)
+    second = split(ids, pos, labels, SequenceGroup(2, 1), layout, pad_id=0)
     assert first.input_ids.tolist() == [[11, 12, 13, 14]]
     assert second.input_ids.tolist() == [[15, 16, 17, 0]]
     assert second.position_ids.tolist() == [[0, 1, 2, 0]]
     assert second.labels.tolist() == [[16, 17, -100, -100]]
-    assert first.attn_kwargs["cu_seq_lens_q"].tolist() == [0, 4, 7, 8]
-    assert first.keep.tolist() == [True, True, True, False, True, True, False, False]
+    cu = first.attn_kwargs["cu_seq_lens_q"]
+    assert cu.tolist() == [0, 4, 7, 8] and cu.dtype == torch.int32
+    assert first.attn_kwargs["max_length_q"] == 4
+    assert first.targets.tolist() == second.targets.tolist() == [0, 1, 2, 4, 5]
+    assert first.local.tolist() == [0, 1, 2] and second.local.tolist() == [0, 1]
+    found = Layout.of(labels, pos)  # what a caller that hands no layout gets: the same
+    assert found.targets.tolist() == [0, 1, 2, 4, 5] and found.seq_lens == (4, 3)
 
 
 @pytest.mark.slow
@@ -67,6 +70,7 @@ def test_two_processes_compute_what_one_does_in_fp64(tmp_path):
     for case in ("sdpa-kv2", "sdpa-kv1", "eager-kv2", "eager-kv1"):
         assert result[case]["tokens"] == 21
         assert result[case]["logp"] < 1e-12 and result[case]["grad"] < 1e-12, (case, result)
+        assert result[case]["found"] == 0.0  # the layout read back gives the same numbers
     assert result["one_token"] == {"tokens": 0, "loss": 0.0, "finite": True}
 
 

@@ -54,6 +54,31 @@ def test_accumulate_sums_weights_means_skips_nan_and_keeps_extremes():
     assert m["ratio_max"] == 1.5 and m["ratio_min"] == 0.7
 
 
+def test_accumulate_reads_the_values_left_on_the_device_once_and_as_float_reads_each():
+    """Issue 52: a micro-batch's metrics may stay on the device (0-dim tensors) until the
+    step's last pass; they are read in one transfer, and the step's metrics are the very
+    numbers `float()` of each would have given (fp32 values, an fp64 one, a NaN, a count)."""
+    from reasoner.training.host_syncs import HostSyncs
+
+    g = torch.Generator().manual_seed(0)
+    values = [torch.rand((), generator=g) / 3 for _ in range(8)]  # fp32: 1/3 rounds
+    outs = [training.MicroOut({"loss": values[0], "tokens": 10}, {"geo": values[1]}, 0.25,
+                              {"ratio_max": values[2]}, {"ratio_min": values[3]}),
+            training.MicroOut({"loss": values[4].double() / 7, "tokens": torch.tensor(30)},
+                              {"geo": torch.tensor(math.nan)}, 0.75, {"ratio_max": values[5]},
+                              {"ratio_min": values[6]})]
+    def floats(d: dict) -> dict:
+        return {k: float(v) for k, v in d.items()}
+
+    as_floats = [training.MicroOut(floats(o.sums), floats(o.means), o.weight, floats(o.maxima),
+                                   floats(o.minima)) for o in outs]
+    expected = training.accumulate(_State(), [0, 1], lambda mb, scale: as_floats[mb], dummy=0)
+    with HostSyncs() as syncs:
+        got = training.accumulate(_State(), [0, 1], lambda mb, scale: outs[mb], dummy=0)
+    assert got == expected and got["tokens"] == 40.0 and got["geo"] == float(values[1])
+    assert [(s.op, s.site.split(":")[0]) for s in syncs.found] == [("tolist", "training/loop.py")]
+
+
 def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_passes(monkeypatch):
     """With 2 processes, one holding 1 micro-batch and the other 3: it runs 2 dummy passes at
     scale 0 (collectives inside FSDP would hang otherwise); their metrics count for nothing."""
