@@ -7,8 +7,8 @@ quickstart's 100 SFT steps at lr 2e-3 grow to 1.5e-5 in sft/final and 8.5e-5 in 
 (measured; the 1-vs-2-process equality itself is held over a few steps by the trainers' tests).
 Submitted in two parts (the first `--until samples`), then once more: the second continues the
 first, the third resumes the one stage left interrupted and skips the others. Last, the sampling
-stage again on Ray actors: a Ray cluster started on the allocation for it writes the same
-samples."""
+stage again on Ray actors: a Ray cluster started on the allocation for it, every Ray process
+with the job's token, writes the same samples."""
 
 import json
 import os
@@ -136,6 +136,10 @@ def test_the_slurm_script_reaches_what_reasoner_run_reaches(tmp_path, monkeypatc
     log = job_log(launched, ray)
     assert "[rerun] samples: config changed" in log and "Connecting to existing Ray cluster" in log
     assert list(launched.glob("ray-head-*.log"))
+    # with the job's token, made by the one job with a Ray stage (without it the head took the
+    # one a local ray.init() had left in ~/.ray/auth_token, the rest none: InvalidAuthToken)
+    token, = launched.glob("ray-token-*")
+    assert token.stat().st_mode & 0o777 == 0o600
     want, got = rows(plain / "samples"), rows(launched / "samples")
     assert got.keys() == want.keys() and len(got) == states[0]["samples"]["metrics"]["samples"]
     for key, row in want.items():

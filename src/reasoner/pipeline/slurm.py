@@ -9,7 +9,8 @@ in one of its modes (`bash SCRIPT train K ...`), which runs the stage's command 
 (`reasoner <command> CONFIG`, given after it) on the allocation:
 
   train      srun, one torchrun per node (every device of the node), rendezvous at the first node
-  ray_stage  a Ray cluster on every node (head on the first), the stage on it, then torn down
+  ray_stage  a Ray cluster on every node (head on the first), the stage on it, then torn down;
+             every Ray process of the job authenticates with the job's token (RUN_DIR)
   shard      infer without Ray: one process per node, node R writing `--shard R --num-shards N`
 
 Other stages run on the first node, in or beside the `reasoner run` process as it decides.
@@ -82,10 +83,28 @@ ray_head_ip() {  # this node's address for the Ray head: one the other nodes can
     return 1
 }
 
+ray_token() {  # the job's Ray token: its file, made once per job, readable by the user only
+    # Ray turns token authentication on by itself (2.60: `ray start --head` when it finds
+    # ~/.ray/auth_token, which a local `ray.init()` writes; 2.61: always), but a process that
+    # joins at an address has no token unless told, and home folders may differ between nodes:
+    # so one token for every Ray process of the job, in the run folder every node sees. Ray
+    # before 2.52 knows neither variable and runs without authentication, as it always did.
+    local path=$RUN_DIR/ray-token-$SLURM_JOB_ID
+    if [[ ! -s $path ]]; then  # 32 random bytes in hex, as `ray get-auth-token --generate`
+        rm -f "$path"  # an empty one left behind would keep its mode
+        (umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$path") || return 1
+    fi
+    echo "$path"
+}
+
 ray_stage() {  # K reasoner STAGE CONFIG: a Ray cluster on every node for the stage's engines
     local port=$((MASTER_PORT + $1)) head_ip address log head workers="" rc=0
     shift
     head_ip=$(ray_head_ip) || return 1
+    # the head, the other nodes' `ray start` (srun passes the environment) and the stage
+    RAY_AUTH_TOKEN_PATH=$(ray_token) || return 1
+    export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH
+    unset RAY_AUTH_TOKEN  # it would come before the file
     address=$head_ip:$port
     if [[ $head_ip == *:* ]]; then  # IPv6: bracketed where a port follows
         address=[$head_ip]:$port
@@ -218,7 +237,8 @@ def write_script(recipe: RecipeConfig, recipe_path: Path, overrides: list[str],
              ""]
     if any(cluster.placement(s) == "ray" for s in stages):
         body += ["# the Ray stages' head needs an address the other nodes reach: refused now, not",
-                 "# after the stages before them", "ray_head_ip >/dev/null", ""]
+                 "# after the stages before them; and the job's Ray token, which they all share",
+                 "ray_head_ip >/dev/null", "ray_token >/dev/null", ""]
     body += ["stage() {  # NAME [--launch PREFIX]: one stage, skipped or resumed as reasoner run "
              "decides",
              '    "$PY" -m reasoner run "$RECIPE" "${ARGS[@]}" --no-plan --only "$@"',

@@ -99,10 +99,13 @@ def test_the_script_runs_every_stage_through_reasoner_run_only(tmp_path):
     assert f"#SBATCH --output={tmp_path / 'run'}/slurm-%j.out" in text
 
 
-# What the script's python and srun do in `ray_stage` here: each call is logged; Ray's `start`
-# blocks as it does (the head says it started), the stage returns once the worker's srun began.
+# What the script's python and srun do in `ray_stage` here: each call is logged with the Ray
+# variables it was given; Ray's `start` blocks as it does (the head says it started), the stage
+# returns once the worker's srun began.
+RAY_ENV = ("RAY_ADDRESS=${RAY_ADDRESS:-} "
+           "RAY_AUTH=${RAY_AUTH_MODE:-}:${RAY_AUTH_TOKEN_PATH:-}:${RAY_AUTH_TOKEN:-}")
 FAKE_PY = r'''#!/bin/bash
-echo "py $* RAY_ADDRESS=${RAY_ADDRESS:-}" >>"$STANDIN_LOG"
+echo "py $* ENV" >>"$STANDIN_LOG"
 if [[ " $* " == *" start "* ]]; then
     if [[ " $* " == *" --head "* ]]; then echo "Ray runtime started"; fi
     exec sleep 60
@@ -113,29 +116,32 @@ for _ in $(seq 100); do
 done
 '''
 FAKE_SRUN = r'''#!/bin/bash
-echo "srun $*" >>"$STANDIN_LOG"
+echo "srun $* ENV" >>"$STANDIN_LOG"
 if [[ " $* " == *" check-folder "* ]]; then exit 0; fi
 exec sleep 60
 '''
+FAKE_PY, FAKE_SRUN = (fake.replace("ENV", RAY_ENV) for fake in (FAKE_PY, FAKE_SRUN))
 FAKE_SCONTROL = '#!/bin/bash\nprintf "node1\\nnode2\\n"\n'
 
 
-def ray_stage_on(tmp_path: Path, addresses: str, *args: str
+def ray_stage_on(tmp_path: Path, addresses: str, *args: str, recipe: Path = PCL,
+                 overrides: tuple[str, ...] = ("verify.judge.ray.workers=4",),
+                 env: dict[str, str] | None = None
                  ) -> tuple[subprocess.CompletedProcess, list[str]]:
     """`bash SCRIPT ray_stage 1 reasoner verify CONFIG` (or `bash SCRIPT *args`) on the first of
     two nodes whose `hostname` gives `addresses`; returns the run and the calls of python and
     srun."""
     from slurm_standins import install_hostname
 
-    path, text = script(tmp_path, PCL, cluster.Allocation(2, 8, "h100", 80.0),
-                        "verify.judge.ray.workers=4")
+    path, text = script(tmp_path, recipe, cluster.Allocation(2, 8, "h100", 80.0), *overrides)
     bin_dir = tmp_path / "bin"
-    env = {**os.environ, **install_hostname(bin_dir, addresses)}
+    env = {**os.environ, **(env or {}), **install_hostname(bin_dir, addresses)}
     for name, body in (("python", FAKE_PY), ("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     path.write_text(text.replace(f"PY={shlex.quote(sys.executable)}", f"PY={bin_dir}/python"))
     log = tmp_path / "calls.log"
+    log.unlink(missing_ok=True)  # this run's calls only
     env.update(STANDIN_LOG=str(log), SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node[1-2]",
                SLURM_JOB_NUM_NODES="2", SLURM_CPUS_ON_NODE="2", MASTER_PORT="20000")
     args = args or ("ray_stage", "1", "reasoner", "verify", "x.yaml")
@@ -156,7 +162,8 @@ def test_the_ray_head_takes_an_address_the_other_nodes_reach(tmp_path, addresses
     assert f"--node-ip-address={ip} " in head
     worker, = [c for c in seen if c.startswith("srun ")]  # the second node joins the head
     assert f"--address={address} " in worker
-    assert f"py -m reasoner verify x.yaml RAY_ADDRESS={address}" in seen  # the stage joins too
+    stage, = [c for c in seen if c.startswith("py -m reasoner verify x.yaml ")]
+    assert f" RAY_ADDRESS={address} " in stage  # the stage joins too
 
 
 def test_a_node_with_only_loopback_addresses_is_refused(tmp_path):
@@ -179,3 +186,40 @@ def test_a_job_with_ray_stages_and_no_reachable_head_stops_before_its_first_stag
     assert any(c.startswith("py -m reasoner run ") for c in seen)
     _, text = script(tmp_path, QUICKSTART, cluster.Allocation(1, 2, "cpu", None))
     assert "ray_head_ip >/dev/null" not in text  # no Ray stage: nothing to check
+
+
+def test_every_ray_process_of_a_job_authenticates_with_the_jobs_token(tmp_path):
+    """Ray turns token authentication on for a head that finds ~/.ray/auth_token (2.60; every
+    head from 2.61) while the processes joining it at its address had none: the quickstart's
+    sampling on Ray failed with `InvalidAuthToken`. Now the head, the other nodes' `ray start`
+    and the stage get RAY_AUTH_MODE=token and the job's token file, in the run folder, the user's
+    only; RAY_AUTH_TOKEN, which Ray reads first, is dropped. One token for the whole job: made
+    before its first stage, the Ray stages' own."""
+    token = tmp_path / "run" / "ray-token-7"
+    done, seen = ray_stage_on(tmp_path, "10.1.2.3", env={"RAY_AUTH_TOKEN": "another"})
+    assert done.returncode == 0, done.stderr
+    head, = [c for c in seen if "--head" in c]
+    worker, = [c for c in seen if c.startswith("srun ")]
+    stage, = [c for c in seen if " -m reasoner verify " in c]
+    for call in (head, worker, stage):
+        assert call.endswith(f" RAY_AUTH=token:{token}:"), call  # RAY_AUTH_TOKEN dropped
+    assert oct(token.stat().st_mode & 0o777) == "0o600"
+    made = token.read_text()
+    assert len(made) == 64 and set(made) <= set("0123456789abcdef")  # 32 random bytes, hex
+    done, _ = ray_stage_on(tmp_path, "10.1.2.3")  # a later Ray stage of the job: the same token
+    assert done.returncode == 0 and token.read_text() == made
+
+    # the whole job: made once before the first stage, not exported to the stages themselves
+    token.unlink()
+    done, seen = ray_stage_on(tmp_path, "10.1.2.3", "")
+    assert done.returncode == 0, done.stderr
+    assert len(token.read_text()) == 64 and oct(token.stat().st_mode & 0o777) == "0o600"
+    assert [c for c in seen if " -m reasoner run " in c]
+    assert all(c.endswith(" RAY_AUTH=::") for c in seen)
+
+    # a job without Ray stages: no token
+    token.unlink()
+    done, seen = ray_stage_on(tmp_path, "10.1.2.3", "", recipe=QUICKSTART, overrides=())
+    assert done.returncode == 0, done.stderr
+    assert "ray_token >/dev/null" not in (tmp_path / "run" / "recipe.sbatch").read_text()
+    assert [c for c in seen if " -m reasoner run " in c] and not token.exists()
