@@ -135,7 +135,8 @@ def test_no_module_imports_one_that_imports_it_back():
 # inner infer and verify); `reasoner.__main__` is the entry point and may start the app.
 LAYERS = [
     ("base", ["reasoner", "reasoner.errors", "reasoner.records", "reasoner.shards",
-              "reasoner.runlog", "reasoner.cpu", "reasoner.hccl", "reasoner.device", "reasoner.hub"]),
+              "reasoner.runlog", "reasoner.cpu", "reasoner.hccl", "reasoner.device", "reasoner.hub",
+              "reasoner.shipped"]),
     ("config", ["reasoner.config"]),
     ("data", ["reasoner.data"]),
     ("models", ["reasoner.models"]),

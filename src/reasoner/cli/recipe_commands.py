@@ -1,4 +1,5 @@
-"""`reasoner run | plan`: the whole-recipe commands (one stage's commands are in stage_commands.py)."""
+"""`reasoner run | plan | ls | cp`: the whole-recipe commands (one stage's commands are in
+stage_commands.py); `ls` lists the recipes shipped in the package, `cp` copies one out to edit."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from reasoner import shipped
 from reasoner.cli.common import USER_ERRORS, OverridesArg, done, fail, logs, results, run_stage
 
 # The device kinds of pipeline.plan.PEAK_TFLOPS (a test holds them equal). Named here, not
@@ -33,8 +35,9 @@ NodeKind = Enum("NodeKind", {k: k for k in DEVICE_KINDS}, type=str)  # --kind of
 
 
 def run_recipe(
-    recipe: Annotated[Path, typer.Argument(help="recipe YAML (stages, run_dir, rounds)",
-                                           show_default=False)],
+    recipe: Annotated[Path, typer.Argument(
+        help="recipe YAML (stages, run_dir, rounds), a folder holding recipe.yaml, or a shipped "
+        "recipe's name: quickstart (`reasoner ls`)", show_default=False)],
     overrides: OverridesArg = None,
     start: Annotated[str | None, typer.Option("--from", help="rerun from this stage on")] = None,
     until: Annotated[str | None, typer.Option("--until", help="stop after this stage")] = None,
@@ -79,6 +82,7 @@ def run_recipe(
     from reasoner.pipeline import run as pipeline
     from reasoner.pipeline.recipe import load_recipe
 
+    recipe = run_stage("run", lambda: shipped.find_recipe(recipe))
     if launch is not None and only is None:
         fail("run", "--launch runs one stage under a prefix: give --only STAGE with it")
     if Launcher(launcher) == Launcher.slurm:
@@ -178,7 +182,9 @@ def _launch_slurm(recipe: Path, overrides: list[str], until: str | None, only: s
 
 
 def plan_recipe(
-    recipe: Annotated[Path, typer.Argument(help="recipe YAML", show_default=False)],
+    recipe: Annotated[Path, typer.Argument(
+        help="recipe YAML, its folder, or a shipped recipe's name (`reasoner ls`)",
+        show_default=False)],
     overrides: OverridesArg = None,
     devices: Annotated[int, typer.Option("--devices", help="GPUs / NPUs in all")] = 8,
     mem: Annotated[float | None, typer.Option(
@@ -199,6 +205,7 @@ def plan_recipe(
     """Memory per device and time per step of every stage, before running: fits or not."""
     from reasoner.pipeline import plan
 
+    recipe = run_stage("plan", lambda: shipped.find_recipe(recipe))
     kind, layout = Kind(kind).value, Layout(layout).value
     mem = plan.device_mem_gib(kind, mem)
     bad = [f"{flag} {value:g} must be {rule}" for flag, value, rule, ok in (
@@ -251,3 +258,37 @@ def check_folder(
     if dist.is_main:
         results().print(f"all {dist.world_size} processes see {folder}", markup=False,
                         highlight=False, soft_wrap=True)
+
+
+def list_recipes() -> None:
+    """The recipes shipped in the package: what each is for and what it needs to run."""
+    from rich.markup import escape
+
+    table = Table(title=f"recipes in {shipped.CONFIGS}/ (reasoner run NAME; reasoner cp NAME DIR "
+                  "to edit one)", title_justify="left")
+    for col in ("recipe", "what it does", "needs"):
+        table.add_column(col)
+    for name, recipe in shipped.RECIPES.items():
+        table.add_row(*map(escape, (name, recipe.purpose, recipe.hardware)))
+    results().print(table)
+    results().print("judge prompts (judge.prompt_file): configs/judge/prompt.txt, "
+                    "configs/judge/pcl_prompt.txt; reasoner cp judge DIR copies them",
+                    markup=False, highlight=False)
+
+
+def copy_recipe(
+    name: Annotated[str, typer.Argument(help="a shipped recipe or folder (`reasoner ls`): "
+                                             "quickstart, lengths, judge, ...", show_default=False)],
+    dest: Annotated[Path, typer.Argument(help="a new (or empty) folder", show_default=False)],
+) -> None:
+    """Copy a shipped recipe's folder into DEST to edit it; `reasoner run DEST` runs the copy.
+
+    The stage configs it takes from other folders come along (into DEST/<folder>/, its
+    references rewritten to them), so the copy runs from its new place."""
+    written = run_stage("cp", lambda: shipped.copy(name, dest))
+    for path in written:
+        results().print(str(path), markup=False, highlight=False)
+    recipe = dest / f"{name.partition('/')[2].removesuffix('.yaml') or 'recipe'}.yaml"
+    then = f"; run it: reasoner run {recipe}" if recipe.is_file() else ""
+    _echo(f"copied {name} into {dest}/ ({len(written)} files){then}")
+    done("cp")

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from reasoner.errors import ConfigError
+from reasoner.shipped import find_file
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -170,7 +171,7 @@ def load(model_cls: type[M], path: str | Path | None, overrides: list[str] | Non
 
     Raises ConfigError naming every bad key before any work starts.
     """
-    path = Path(path) if path is not None else None
+    path = find_file(Path(path)) if path is not None else None  # configs/...: the package's too
     data: dict = {}
     if path is not None:
         if not path.is_file():

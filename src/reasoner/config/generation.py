@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from reasoner.config.files import Strict
 from reasoner.config.sections import Input, ModelConfig
+from reasoner.shipped import find_file
 
 
 class SamplingConfig(Strict):
@@ -117,7 +118,8 @@ class JudgeConfig(Strict):
         "auto", description="generation backend (openai: a server, see `server`)")
     prompt_file: Path = Field(
         Path("configs/judge/prompt.txt"),
-        description="template with {problem}, {reference}, {candidate}",
+        description="template with {problem}, {reference}, {candidate}; a configs/... path "
+        "absent here is the installed package's",
     )
     max_tokens: int = Field(1024, ge=1, description="most tokens the judge may write")
     retries: int = Field(2, ge=0, description="extra attempts (sampled) when a reply is unparseable")
@@ -144,7 +146,7 @@ class JudgeConfig(Strict):
 
     def inputs(self) -> list[Input]:
         """The judge model and its prompt (read only when a judge runs)."""
-        found = [Input("judge.prompt_file", str(self.prompt_file), "file")]
+        found = [Input("judge.prompt_file", str(find_file(self.prompt_file)), "file")]
         if self.model is not None:
             found.insert(0, Input("judge.model.name_or_path", self.model.name_or_path,
                                   "model folder"))

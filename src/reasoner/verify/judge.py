@@ -19,6 +19,7 @@ from reasoner.config import JudgeConfig, SamplingConfig, TemplateConfig
 from reasoner.data.template import render_messages
 from reasoner.errors import ConfigError
 from reasoner.infer.base import Request, sample_seed
+from reasoner.shipped import find_file
 
 _FINAL = re.compile(r"\\boxed\{\s*([01])\s*\}\s*$")
 
@@ -39,7 +40,7 @@ def parse_verdict(reply: str) -> int | None:
 
 
 def load_prompt(path: Path) -> str:
-    path = Path(path)
+    path = find_file(Path(path))  # configs/judge/...: the package's when not here
     if not path.is_file():
         raise ConfigError(f"judge prompt template {path} does not exist (judge.prompt_file)")
     text = path.read_text()
