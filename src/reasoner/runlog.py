@@ -148,12 +148,14 @@ class PlainProgress:
         self.tasks[len(self.tasks)] = {"description": description, "total": total,
                                        "completed": completed, "start_done": completed,
                                        "info": info, "started": now, "last": now,
-                                       "printed_at": None}
+                                       "printed_at": None, "first": None}
         return len(self.tasks) - 1
 
     def update(self, task: int, advance: float = 0, info: str | None = None, **_) -> None:
         t = self.tasks[task]
         t["completed"] += advance
+        if advance and t["first"] is None:  # the first unit done: the pipeline is full from here
+            t["first"] = (self.clock(), t["completed"])
         if info is not None:
             t["info"] = info
         if self.clock() - t["last"] >= self.every_s:
@@ -167,15 +169,37 @@ class PlainProgress:
         elapsed = now - t["started"]
         done = t["completed"] - t["start_done"]
         rate = done / elapsed if elapsed > 0 else 0.0
+        if t["first"] is not None and now > t["first"][0]:  # the rate since the first unit
+            rate = (t["completed"] - t["first"][1]) / (now - t["first"][0])
         line = f"[progress] {t['description']} {t['completed']:g}"
         if t["total"]:
             line += f"/{t['total']:g} ({100 * t['completed'] / t['total']:.1f}%)"
         line += f" {rate:.2f}/s elapsed {_clock(elapsed)}"
-        if t["total"] and rate > 0:
-            line += f" ETA {_clock((t['total'] - t['completed']) / rate)}"
+        left = settled_eta(t, now)
+        if left is not None:
+            line += f" ETA {_clock(left)}"
+        elif t["total"] and t["completed"] < t["total"]:
+            line += " ETA after more are done"
         if t["info"]:
             line += f" {t['info']}"
         print(line, file=self.stream or sys.stderr, flush=True)
+
+
+SETTLED = 0.05  # the share of a task done since its first unit before an ETA is given
+
+
+def settled_eta(t: dict, now: float) -> float | None:
+    """Seconds left at the rate since the task's first unit was done, once `SETTLED` of it has
+    been done since then; None before. Not from the start: a batch of generations or a stage's
+    warm-up finishes nothing for a while and then many at once, and the rate since the start
+    said 36 minutes to a run done in 35 s (issue 51)."""
+    if not t["total"] or t["first"] is None:
+        return None
+    at, count = t["first"]
+    done = t["completed"] - count
+    if done < max(1.0, SETTLED * t["total"]) or now <= at:
+        return None
+    return max(t["total"] - t["completed"], 0) / (done / (now - at))
 
 
 class Timer:

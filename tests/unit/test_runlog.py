@@ -101,3 +101,22 @@ def test_progress_picks_plain_lines_when_stderr_is_no_terminal():
             "print(type(r.progress_bar(False)).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["PlainProgress", "Progress"]
+
+
+def test_the_eta_counts_from_the_first_unit_done_not_from_a_slow_start():
+    """Generation finishes nothing while its first batch decodes, then a steady stream: the
+    rate since the start (0.91/s) said 12:46 left where 1:10 was (issue 51: infer's ETA went from 36
+    minutes to done in 35 s). No ETA until 5% is done after the first unit."""
+    now = [0.0]
+    stream = io.StringIO()
+    with runlog.PlainProgress(every_s=30, stream=stream, clock=lambda: now[0]) as bar:
+        task = bar.add_task("infer", total=1000, info="")
+        now[0] = 300.0  # the first completion, after the pipeline filled
+        bar.update(task, advance=1)
+        for _ in range(999):
+            now[0] += 0.1  # then ten a second
+            bar.update(task, advance=1)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "[progress] infer 1/1000 (0.1%) 0.00/s elapsed 5:00 ETA after more are done"
+    assert lines[1] == "[progress] infer 301/1000 (30.1%) 10.00/s elapsed 5:30 ETA 1:09"
+    assert lines[-1].endswith("ETA 0:00")

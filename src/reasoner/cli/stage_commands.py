@@ -111,8 +111,24 @@ def _train(name: str, config: Path, overrides: list[str] | None) -> None:
     final = run_stage(name, lambda: stage.run(cfg))
     counts = (shards.read_manifest(cfg.output_dir) or {}).get("counts", {})
     if is_main():
-        summary(name, [(k.replace("_", " "), v) for k, v in counts.items()] or [("model", final)])
+        summary(name, [("trained", trained(cfg.model.lora))]
+                + ([(k.replace("_", " "), v) for k, v in counts.items()] or [("model", final)]))
         done(name)
+
+
+def trained(lora) -> str:
+    """What a trainer trained: every parameter, or LoRA adapters (and what final/ then holds)."""
+    if lora is None:
+        return "every parameter"
+    return (f"LoRA adapters (r {lora.r}, alpha {lora.alpha:g}, on {', '.join(lora.target_modules)});"
+            " final/ is the merged model, final/adapter/ the adapters")
+
+
+def removed(problems: int, samples: int) -> str:
+    """A filter's toll: `3 problems, 24 samples removed`, or `nothing removed` (never "-0")."""
+    if not problems and not samples:
+        return "nothing removed"
+    return f"{problems} problems, {samples} samples removed"
 
 
 def sft(config: ConfigArg, overrides: OverridesArg = None) -> None:
@@ -166,7 +182,7 @@ def verify(config: ConfigArg, overrides: OverridesArg = None) -> None:
     if c.get("decontaminated_problems"):
         rows.append(("decontaminated", f"{c['decontaminated_problems']} problems"))
     for f in manifest.get("filters", []):
-        rows.append((f["filter"], f"-{f['problems_removed']} problems, -{f['samples_removed']} samples"))
+        rows.append((f["filter"], removed(f["problems_removed"], f["samples_removed"])))
     timeouts = c.get("verdicts", {}).get("timeout", 0) + c.get("dropped", {}).get("timeout", 0)
     if timeouts:
         rows.append(("timeouts", f"{timeouts} rule checks past timeout_s "
