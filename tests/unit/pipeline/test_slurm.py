@@ -135,7 +135,10 @@ def ray_stage_on(tmp_path: Path, addresses: str, *args: str, recipe: Path = PCL,
 
     path, text = script(tmp_path, recipe, cluster.Allocation(2, 8, "h100", 80.0), *overrides)
     bin_dir = tmp_path / "bin"
-    env = {**os.environ, **(env or {}), **install_hostname(bin_dir, addresses)}
+    # the job's environment, less any Ray variables an earlier test's in-process Ray left in it
+    # (the script's own exports are what is checked)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, **(env or {}),
+           **install_hostname(bin_dir, addresses)}
     for name, body in (("python", FAKE_PY), ("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
