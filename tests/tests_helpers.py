@@ -14,7 +14,7 @@ import pytest
 
 # The environment of the real `reasoner` processes tests start: one torch thread each, as the
 # pytest-xdist workers themselves have (conftest), also when a module runs without xdist.
-SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 SHARED_EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eval"
 
@@ -36,6 +36,16 @@ def torchrun_two_processes(*target: str, processes: int = 2) -> list[str]:
         port = s.getsockname()[1]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
             f"--master_port={port}", *map(str, target)]
+
+
+def why(done: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun printed that says why: the first rank's own error (a Python
+    traceback, or faulthandler's stack of a crash: SUBPROCESS_ENV turns it on) and the end of
+    stderr. torchrun's own summary alone fills the last 3,000 characters and names no line."""
+    err = done.stderr or ""
+    starts = [i for i in (err.find("Fatal Python error"), err.find("Traceback")) if i >= 0]
+    first = err[min(starts):min(starts) + 4000] if starts else ""
+    return f"{first}\n[...]\n{err[-2000:]}\n[stdout]\n{(done.stdout or '')[-1500:]}"
 
 
 def reasoner_on_two_processes(*args: str) -> list[str]:

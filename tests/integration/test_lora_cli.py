@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import SUBPROCESS_ENV, reasoner, reasoner_jobs_on_two_processes
+from tests_helpers import SUBPROCESS_ENV, reasoner, reasoner_jobs_on_two_processes, why
 
 pytest.importorskip("peft")
 
@@ -57,7 +57,7 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir, verified_dir):
              for name, objective in OBJECTIVES.items()]
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
                           text=True, timeout=1200, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     return root
 
 

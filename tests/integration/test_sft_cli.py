@@ -16,6 +16,7 @@ from tests_helpers import (
     reasoner,
     reasoner_jobs_on_two_processes,
     reasoner_on_two_processes,
+    why,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir):
                  "run.gradient_checkpointing=true")]
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
                           text=True, timeout=1200, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     return root
 
 
@@ -236,7 +237,7 @@ def test_two_processes_resume_from_a_sharded_checkpoint(tmp_path, synth_dir, tin
     done = subprocess.run(
         reasoner_on_two_processes(*args(synth_dir, tiny_model_dir, cut, *SHARDED)),
         capture_output=True, text=True, timeout=600, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     manifest = json.loads((cut / "manifest.json").read_text())
     assert manifest["complete"] and manifest["counts"]["resumed_from"] == 2
     assert same(weights(cut / "final"), weights(whole / "final"), atol=1e-6)

@@ -21,7 +21,7 @@ import yaml
 from conftest import QUICKSTART_CI_SCALE
 from safetensors.torch import load_file
 from slurm_standins import calls, install
-from tests_helpers import reasoner
+from tests_helpers import reasoner, why
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs/quickstart/recipe.yaml"
@@ -201,7 +201,7 @@ def test_every_node_checks_the_run_folder(tmp_path):
 
     done = subprocess.run(reasoner_on_two_processes("check-folder", tmp_path / "run"),
                           capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     assert f"all 2 processes see {tmp_path / 'run'}" in " ".join(done.stdout.split())
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import SUBPROCESS_ENV, reasoner, reasoner_jobs_on_two_processes
+from tests_helpers import SUBPROCESS_ENV, reasoner, reasoner_jobs_on_two_processes, why
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -140,7 +140,7 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_shape, tiny_model_dir, ve
                          *overrides("{name: pcl}"), f"run.vocab_layout={layout}"))
     done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
                           text=True, timeout=1200, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     return root, untied
 
 
@@ -220,7 +220,7 @@ def test_four_processes_two_rows_at_a_time_each_shared_by_two(tmp_path, tiny_mod
     job = args(tiny_model_dir, verified_dir, four, *uneven, "run.sequence_parallel=2")
     done = subprocess.run(reasoner_jobs_on_two_processes([job], tmp_path, processes=4),
                           capture_output=True, text=True, timeout=1200, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     assert same(tmp_path / "one" / "final", four / "final", 1e-5)
     counts = json.loads((four / "manifest.json").read_text())["counts"]
     assert (counts["processes"], counts["sequence_parallel"]) == (4, 2)

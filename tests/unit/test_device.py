@@ -98,13 +98,13 @@ def test_every_process_must_see_the_run_folder_rank_0_created(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+    from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes, why
 
     check = Path(__file__).parents[1] / "same_folder_check.py"
     out = tmp_path / "result.json"
     done = subprocess.run(torchrun_two_processes(check, tmp_path / "base", out),
                           capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     for rank in (0, 1):
         seen = json.loads(Path(f"{out}.{rank}").read_text())
         assert seen["shared"] is None

@@ -323,14 +323,18 @@ def stop_here(state: TrainState, done: int, saved: bool,
     """End the run after step `done` when a stop signal came (on any process: every process
     stops at the same step). A checkpoint is saved first when run.save_every would save within
     the next 3 steps and the last save took less than run.term_grace_s."""
-    number = _stop.get("signal", 0)
+    # one decision for every process: the signal any of them got, and the slowest last save
+    # (each timed its own; deciding apart, one would save, a collective, and the other not)
+    number, last_save_s = _stop.get("signal", 0), state.last_save_s
     if state.dist.world_size > 1:
-        number = int(dev.all_reduce([number], state.dist, state.device, "max")[0])
+        number, last_save_s = dev.all_reduce([number, last_save_s], state.dist, state.device,
+                                             "max")
+        number = int(number)
     if not number:
         return
     rc = state.settings
     due = rc.save_every and rc.save_every - done % rc.save_every <= 3
-    if due and not saved and state.last_save_s <= rc.term_grace_s:
+    if due and not saved and last_save_s <= rc.term_grace_s:
         _save(state, done, extra_state)
     state.metrics.close()
     last = checkpoints.latest_checkpoint(state.out, state.identity)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes, why
 
 from reasoner.models.footprint import residual_bytes, scoring_bytes, training_bytes
 from reasoner.models.shapes import shape_of
@@ -28,7 +28,7 @@ def test_the_plans_bytes_per_activation_element_are_what_the_layers_receive(tmp_
                torchrun_two_processes(CHECK, tiny_model_dir, out))
         done = subprocess.run(list(map(str, cmd)), capture_output=True, text=True,
                               env=SUBPROCESS_ENV, timeout=600, cwd=CHECK.parent)
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, why(done)
         seen[processes] = json.loads(out.read_text())
     for processes, result in seen.items():
         assert result["processes"] == processes

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes, why
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from reasoner.models.fsdp import mixed_precision
@@ -22,7 +22,7 @@ def test_sharded_gradients_are_summed_in_fp32_and_half_types_gathered_half(tmp_p
     out = tmp_path / "result.json"
     done = subprocess.run(torchrun_two_processes(CHECK, out), capture_output=True, text=True,
                           env=SUBPROCESS_ENV, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     result = json.loads(out.read_text())
     for dtype, r in result.items():
         ops = {op for _, _, op in r["collectives"]}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests_helpers import SUBPROCESS_ENV, strict_autograd, torchrun_two_processes
+from tests_helpers import SUBPROCESS_ENV, strict_autograd, torchrun_two_processes, why
 
 from reasoner.data.packing import Layout
 from reasoner.errors import ConfigError
@@ -65,7 +65,7 @@ def test_two_processes_compute_what_one_does_in_fp64(tmp_path):
     out = tmp_path / "sp.json"
     done = subprocess.run(torchrun_two_processes(CHECK, out), capture_output=True, text=True,
                           env=SUBPROCESS_ENV, timeout=600, cwd=CHECK.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     result = json.loads(out.read_text())
     for case in ("sdpa-kv2", "sdpa-kv1", "eager-kv2", "eager-kv1"):
         assert result[case]["tokens"] == 21

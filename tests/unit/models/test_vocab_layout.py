@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes, why
 
 from reasoner.models.vocab_layout import VocabSplit, vocab_layout, vocab_traffic_bytes
 
@@ -43,7 +43,7 @@ def test_the_plans_traffic_is_what_the_processes_send(tmp_path, dtype):
         out = tmp_path / f"{layout}.json"
         done = subprocess.run(torchrun_two_processes(script, "--worker", layout, out, dtype),
                               capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, why(done)
         got = max(json.loads(Path(f"{out}.{r}").read_text())["vocab"] for r in (0, 1))
         sys.path.insert(0, str(script.parent))
         from bench_comm import HIDDEN, TOKENS, VOCAB

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes, why
 
 CHECK = Path(__file__).parents[2] / "vocab_parallel_check.py"
 
@@ -21,7 +21,7 @@ def test_two_processes_score_and_differentiate_like_one_without_gathering_the_lm
     out = tmp_path / "result.json"
     done = subprocess.run(torchrun_two_processes(CHECK, out), capture_output=True, text=True,
                           env=SUBPROCESS_ENV, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     result = json.loads(out.read_text())
     for layout in ("tied", "untied"):
         r = result[layout]

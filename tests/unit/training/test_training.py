@@ -166,13 +166,13 @@ def test_gradients_stay_sharded_between_micro_batches(tmp_path):
     hold a whole unsharded fp32 gradient per device meanwhile: ~124 GB at 32B)."""
     from pathlib import Path
 
-    from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes
+    from tests_helpers import SUBPROCESS_ENV, torchrun_two_processes, why
 
     out = tmp_path / "result.json"
     check = Path(__file__).parents[2] / "grad_sync_check.py"
     done = subprocess.run(torchrun_two_processes(check, out), capture_output=True, text=True,
                           env=SUBPROCESS_ENV, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     result = json.loads(out.read_text())
     assert result["sharded_params"] > 0
     assert result["grads_sharded_after_each"] == [True, True, True]
@@ -287,3 +287,38 @@ def test_fp32_lora_loads_as_before(tiny_model_dir, read_dtypes):
                          adapters=lora.Adapters(SETTINGS, seed=0))
     assert read_dtypes == [torch.float32]
     assert dtypes(loaded.model) == {"adapters": {torch.float32}, "base": {torch.float32}}
+
+
+def test_a_stop_signal_saves_on_every_process_or_on_none(monkeypatch, tmp_path):
+    """After SIGTERM, whether to checkpoint first hangs on how long the last save took. Each
+    process timed its own save; deciding apart, a process under the grace would enter the
+    save's collectives while the other left (a hang, or gloo reading a mismatched message). The
+    processes take the slowest save, so both ranks here decide alike, whichever of them got the
+    signal."""
+    from types import SimpleNamespace
+
+    from reasoner.config import RunConfig
+    from reasoner.device import DistInfo
+    from reasoner.errors import Stopped
+    from reasoner.training import loop
+
+    ranks = {0: {"signal": 15, "last_save_s": 1.0}, 1: {"signal": 0, "last_save_s": 50.0}}
+    monkeypatch.setattr(loop.dev, "all_reduce", lambda values, dist, device, op: [
+        max(r[k] for r in ranks.values()) for k in ("signal", "last_save_s")])
+    monkeypatch.setattr(loop.checkpoints, "latest_checkpoint", lambda out, identity: None)
+    for grace, saves in ((30.0, False), (60.0, True)):
+        for rank, own in ranks.items():
+            saved = []
+            monkeypatch.setattr(loop, "_save", lambda state, done, extra: saved.append(done))
+            loop._stop.clear()
+            if own["signal"]:
+                loop._stop["signal"] = own["signal"]
+            state = SimpleNamespace(
+                dist=DistInfo(rank=rank, world_size=2, local_rank=rank), device=torch.device("cpu"),
+                settings=RunConfig(save_every=5, term_grace_s=grace), total_steps=20,
+                last_save_s=own["last_save_s"], metrics=SimpleNamespace(close=lambda: None),
+                out=tmp_path, identity="")
+            with pytest.raises(Stopped, match="SIGTERM after step 3"):
+                loop.stop_here(state, 3, False, dict)
+            assert saved == ([3] if saves else []), (grace, rank)
+    loop._stop.clear()
