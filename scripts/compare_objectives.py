@@ -2,12 +2,14 @@
 
     python scripts/compare_objectives.py [--run-dir runs/quickstart] [--seed 0] [--out FILE.md]
 
-Runs configs/quickstart/recipe.yaml (pcl) and then recipe_<objective>.yaml for rft, oreal, dapo
-and discounted into one run folder: data, SFT, samples and verified rollouts are made once and
-skipped afterwards, so every objective trains on identical inputs (one round each; pcl's
-second round, the quickstart's own, is shown as its own row). Prints (and writes) one table:
-held-out pass@1 with its bootstrap interval, the paired-bootstrap difference to SFT, mean response
-length, and train-offline time.
+Runs configs/quickstart/recipe.yaml (pcl) and then recipe_<objective>.yaml for rft, oreal,
+dapo, discounted, gspo, cispo and oapl into one run folder: data, SFT, samples and verified
+rollouts are made once and skipped afterwards, so every objective trains on identical inputs
+(one round each; pcl's second round, the quickstart's own, is shown as its own row). Prints
+(and writes) one table: held-out pass@1 with its bootstrap interval, the paired-bootstrap
+difference to SFT, mean response length, and train-offline time. How each fares on older
+data (1x, 4x, 16x the steps on the same rollouts, with the off-policy diagnostics):
+scripts/staleness.py.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ RECIPES = {"pcl": ("recipe.yaml", "rl", "eval-rl", "compare"),
            "oreal": ("recipe_oreal.yaml", "rl-oreal", "eval-oreal", "compare-oreal"),
            "dapo": ("recipe_dapo.yaml", "rl-dapo", "eval-dapo", "compare-dapo"),
            "discounted": ("recipe_discounted.yaml", "rl-discounted", "eval-discounted",
-                          "compare-discounted")}
+                          "compare-discounted"),
+           "gspo": ("recipe_gspo.yaml", "rl-gspo", "eval-gspo", "compare-gspo"),
+           "cispo": ("recipe_cispo.yaml", "rl-cispo", "eval-cispo", "compare-cispo"),
+           "oapl": ("recipe_oapl.yaml", "rl-oapl", "eval-oapl", "compare-oapl")}
 
 
 RECIPES["pcl round 2"] = ("recipe.yaml", "rl-r2", "eval-rl-r2", "compare")

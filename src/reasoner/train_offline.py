@@ -9,9 +9,11 @@ into micro-batches, packs or processes. (The published PCL code needed micro-bat
 not pack.)
 
 What an objective trains with is computed once, before the first step (`prepare`): its
-per-sample signal and token scope (rl/objectives.py), the behaviour log-probs of the clipped
-objectives (rl/behaviour.py decides where they come from) and the reference log-probs
-(rl/reference.py). What trains or moves beside the policy (OREAL's token RM, a moving
+per-sample signal and token scope (rl/objectives.py), the behaviour log-probs of the objectives
+with a ratio (rl/behaviour.py decides where they come from; the others read them for the
+off-policy diagnostics alone) and the reference log-probs (rl/reference.py). Every step also
+says how far the policy has moved from the behaviour policy, and how many steps since the
+samples' model (rl/offpolicy.py). What trains or moves beside the policy (OREAL's token RM, a moving
 reference, ProRL's plateau tracker) is rl/auxiliary.py's.
 """
 
@@ -34,7 +36,7 @@ from reasoner.device import Env
 from reasoner.models import attention, lora
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit, vocab_split
-from reasoner.rl import behaviour, objectives, reference, token_rm
+from reasoner.rl import behaviour, objectives, offpolicy, reference, token_rm
 from reasoner.rl.auxiliary import Auxiliary
 from reasoner.rl.objectives import GlobalCounts, Micro
 from reasoner.rl.rollouts import Batching, Rollouts, load_rollouts
@@ -73,17 +75,19 @@ def run(cfg: OfflineConfig) -> Path:
                                     obj.rm_warmup_steps)
         micro = MicroStep(obj, data, ready.inputs, ready.batching, env, aux.reference,
                           aux.token_rm)
+        lag = offpolicy.lag_of(cfg.model.name_or_path, Path(cfg.input_dir))
         last: dict[str, float] = {}
         with training.progress(state, f"train-offline ({obj.name})"):
             for step in range(state.first_step, state.total_steps):
-                last = train_step(state, step, micro, train_idx, aux)
+                last = {**train_step(state, step, micro, train_idx, aux), **lag.at(step)}
                 if aux.plateau is not None and (step + 1) % obj.val_every == 0:
                     last.update(validate(state, data, val_idx, aux, ready.batching, env))
                 state.tokens += last.pop("tokens")
                 last = training.end_step(state, step, last, f"loss {last['loss']:.4f}",
                                          aux.trainer_state)
-        return training.finish(state, summary(obj, data, ready.inputs, aux, val_idx, warm, last),
-                               aux.trainer_state, {"template": trained_template(cfg)})
+        return training.finish(state, summary(obj, data, ready.inputs, aux, val_idx, warm, last,
+                                              lag), aux.trainer_state,
+                               {"template": trained_template(cfg)})
 
 
 def trained_template(cfg: OfflineConfig) -> dict:
@@ -126,7 +130,7 @@ class Inputs:
 
     signal: Tensor  # (M,) the reward or advantage each sample trains with
     scope: Sequence[list[float]] | None  # per token, 1 where the loss sees it (None: everywhere)
-    old_logp: Sequence[list[float]] | None  # behaviour log-probs (the clipped objectives)
+    old_logp: Sequence[list[float]] | None  # behaviour log-probs (a ratio, the diagnostics)
     ref_logp: Sequence[list[float]] | None  # reference log-probs (KL terms, OREAL)
     behaviour: str  # where old_logp comes from, in words (the summary says it)
     behaviour_gap: dict[str, float]  # stored vs the trainer's, when they were checked
@@ -192,8 +196,9 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
     resident = None
     if obj.resident_reference:
         resident = lora.AdapterView(trained.policy) if shared else starting.policy
+    behaving = (start_lp if recompute else data.old_logp) if obj.reads_behaviour else None
     inputs = Inputs(objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
-                    start_lp if recompute else data.old_logp, ref_lp, said, gap)
+                    behaving, ref_lp, said, gap)
     return Ready(trained, inputs, batching, resident, attn.implementation, vocab)
 
 
@@ -267,9 +272,9 @@ class MicroStep:
                           b.layout).float()  # (N,)
         result = objectives.step(logp, m, self.obj, counts)
         (result.loss * scale).backward()
-        return training.MicroOut({"loss": result.loss.detach(), "tokens": b.real_tokens},
-                                 {**result.means, **extra}, len(index) / counts.samples,
-                                 result.maxima, result.minima)
+        return training.MicroOut({"loss": result.loss.detach(), "tokens": b.real_tokens,
+                                  **result.sums}, {**result.means, **extra},
+                                 len(index) / counts.samples, result.maxima, result.minima)
 
 
     def dummy(self, policy: nn.Module, b: packing.Batch) -> training.MicroOut:
@@ -301,7 +306,7 @@ def train_step(state: training.TrainState, step: int, micro: MicroStep, samples:
     mbs = micro.batching.micro_batches(micro.batching.share(batch_idx, data, dist), data)
     m = training.accumulate(state, mbs, lambda rows, scale: micro(state.policy, rows, counts,
                                                                   scale), dummy=[])
-    last = {**m, **training.optimizer_step(state, m["loss"], step)}
+    last = {**offpolicy.spread(m), **training.optimizer_step(state, m["loss"], step)}
     if aux.token_rm is not None:
         aux.token_rm.step(micro.obj.rm_warmup_steps + step)
     reference.move_reference(micro.obj, step + 1, state.policy, aux.reference, state.optimizer)
@@ -318,9 +323,12 @@ def validate(state: training.TrainState, data: Rollouts, samples: list[int], aux
 
 
 def summary(obj: ObjectiveConfig, data: Rollouts, inputs: Inputs, aux: Auxiliary,
-            val_idx: list[int], warm: list[float], last: dict[str, float]) -> dict:
-    """The counts the manifest and the command's summary show."""
+            val_idx: list[int], warm: list[float], last: dict[str, float],
+            lag: offpolicy.Lag) -> dict:
+    """The counts the manifest and the command's summary show; the off-policy diagnostics of
+    the last step, and the lag, when they were measured."""
     pos = int((data.rewards > 0).sum())
+    diagnosed = {k: round(v, 6) for k, v in last.items() if k.startswith("offpolicy_")}
     return {
         "objective": obj.name, "samples": len(data.ids), "positives": pos,
         "negatives": len(data.ids) - pos, "behaviour_logprobs": inputs.behaviour,
@@ -328,4 +336,5 @@ def summary(obj: ObjectiveConfig, data: Rollouts, inputs: Inputs, aux: Auxiliary
         **({"validation_samples": len(val_idx), "plateau_resets": aux.plateau.resets}
            if aux.plateau is not None else {}),
         **({"rm_warmup_bce": [round(x, 4) for x in warm]} if warm else {}),
-        "dropped_over_max_tokens": data.dropped, "final_loss": last.get("loss")}
+        "dropped_over_max_tokens": data.dropped, "final_loss": last.get("loss"),
+        "lag": lag.said, "lag_rounds": lag.rounds, "lag_steps_before": lag.steps, **diagnosed}

@@ -49,7 +49,8 @@ def grads_for(cfg, model_dir, cut):
 @pytest.mark.parametrize("objective", [
     {"name": "pcl"}, {"name": "rft"}, {"name": "dapo"}, {"name": "pcl", "neg_scope": "first"},
     {"name": "dapo", "agg": "seq-mean-token-mean", "kl_coef": 0.1}, {"name": "discounted"},
-    {"name": "oreal", "token_weights": "uniform"},
+    {"name": "oreal", "token_weights": "uniform"}, {"name": "gspo", "eps_high": 0.3},
+    {"name": "cispo"}, {"name": "oapl"}, {"name": "dapo", "correction": {"name": "seq-tis"}},
 ])
 def test_gradient_independent_of_micro_batches_and_packing(tmp_path, tiny_model_dir, verified_dir,
                                                            objective):
@@ -338,3 +339,49 @@ def test_trained_template_is_the_samples_template(tmp_path):
                                         "input_dir": str(tmp_path / "verified"),
                                         "output_dir": str(tmp_path / "rl")})
     assert trained_template(cfg) == used.model_dump(mode="json")
+
+
+DIAGNOSTICS = {"offpolicy_kl_k3", "offpolicy_chi2", "offpolicy_log_ratio",
+               "offpolicy_ratio_outside", "offpolicy_seq_ratio", "offpolicy_seq_ratio_std",
+               "offpolicy_seq_ratio_max", "offpolicy_seq_ratio_min"}
+
+
+@pytest.mark.parametrize("objective, behaviour", [
+    ({"name": "pcl"}, "stored by infer, for the off-policy diagnostics only"),
+    ({"name": "dapo"}, "recomputed by the starting model"),
+    ({"name": "rft", "diagnostics": "starting"}, "the starting model's, scored once"),
+    ({"name": "pcl", "diagnostics": "none"}, "not used (objective.diagnostics=none)"),
+])
+def test_every_step_logs_the_off_policy_diagnostics_and_the_lag(tmp_path, tiny_model_dir,
+                                                                verified_dir, objective,
+                                                                behaviour):
+    """Issue 53: each step's log (and so TensorBoard and wandb, which get the same rows) carries
+    the policy's distance from the behaviour log-probs and the lag in steps; the summary the
+    last step's values, the lag and where the behaviour log-probs came from. At step 1 the
+    policy is the starting model: dapo's recomputed pi_old and rft's starting log-probs give
+    rho = 1; pcl compares with the stored ones, of infer's top-k 40 / top-p 0.95 distribution,
+    which gave each sampled token about e^2 times the probability the whole vocabulary at T 1
+    does: the diagnostics show it. The fixture's Verified shard names no samples folder, so
+    the lag counts this run's steps only and says why."""
+    import json
+
+    out = tmp_path / "o"
+    T.run(cfg_for(tiny_model_dir, verified_dir, out, objective=objective, optim={"lr": 1e-2},
+                  run={"global_batch": 8, "max_steps": 2, "progress": False}))
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert [r["lag_steps"] for r in rows] == [0.0, 1.0] and rows[0]["lag_rounds"] == 0.0
+    assert counts["behaviour_logprobs"].startswith(behaviour)
+    assert counts["lag"].startswith("unknown") and counts["lag_steps_before"] == 0
+    assert (out / "ref_logprobs").exists() is (objective["name"] != "pcl")  # a scoring pass
+    if objective.get("diagnostics") == "none":
+        assert not DIAGNOSTICS & (set(rows[0]) | set(counts))
+        return
+    assert all(DIAGNOSTICS <= set(r) and "offpolicy_seq_ratio_sq" not in r for r in rows)
+    assert counts["offpolicy_chi2"] == round(rows[-1]["offpolicy_chi2"], 6)
+    if objective["name"] == "pcl":  # stored by a truncating sampler: rho ~ e^-2 from the start
+        assert rows[0]["offpolicy_log_ratio"] < -1.5 and rows[0]["offpolicy_ratio_outside"] > 0.9
+        return
+    assert rows[0]["offpolicy_kl_k3"] < 1e-6 and rows[0]["offpolicy_ratio_outside"] == 0.0
+    assert rows[0]["offpolicy_seq_ratio_std"] < 1e-3
+    assert rows[1]["offpolicy_kl_k3"] > 1e-5  # one step later the policy has moved away

@@ -1,9 +1,11 @@
 """Configuration: one pydantic model per stage (stages.py), the sections they share
 (sections.py), the generating stages' sections (generation.py), the offline objectives' tagged
-union (objectives.py) and loading YAML files with `key.sub=value` overrides (files.py). Everything is re-exported here: `from reasoner.config
+union (objectives.py) with its corrections (corrections.py) and loading YAML files with
+`key.sub=value` overrides (files.py). Everything is re-exported here: `from reasoner.config
 import SFTConfig, load` is the import users and stages write.
 """
 
+from reasoner.config.corrections import CORRECTIONS, CorrectionConfig
 from reasoner.config.files import ConfigError, Strict, dump, load, parse_overrides
 from reasoner.config.generation import (
     JudgeConfig,
@@ -14,8 +16,11 @@ from reasoner.config.generation import (
 )
 from reasoner.config.objectives import (
     OBJECTIVE_MODELS,
+    CISPOObjective,
     DAPOObjective,
     DiscountedObjective,
+    GSPOObjective,
+    OAPLObjective,
     ObjectiveConfig,
     OREALObjective,
     PCLObjective,
@@ -48,7 +53,8 @@ from reasoner.config.stages import (
 )
 
 __all__ = [
-    "OBJECTIVE_MODELS", "TEMPLATE_PRESETS", "ConfigError", "DAPOObjective", "DataConfig",
+    "CORRECTIONS", "OBJECTIVE_MODELS", "TEMPLATE_PRESETS", "CISPOObjective", "ConfigError",
+    "CorrectionConfig", "DAPOObjective", "DataConfig", "GSPOObjective", "OAPLObjective",
     "DecontamConfig", "DiscountedObjective", "EvalConfig", "FilterConfig", "InferConfig", "Input",
     "JudgeConfig", "LoraSettings", "ModelConfig", "ObjectiveConfig", "OfflineConfig", "OptimConfig",
     "OREALObjective", "PCLObjective", "ProRLObjective", "RayConfig", "RFTObjective", "RunConfig",

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from reasoner.config.corrections import CorrectionConfig, NoCorrection
 from reasoner.config.files import Strict
 
 
@@ -22,6 +23,12 @@ class _ObjectiveBase(Strict):
     logprob_temperature: float = Field(
         1.0, gt=0, description="divide logits by this when scoring (match the sampling temperature)"
     )
+    diagnostics: Literal["auto", "starting", "none"] = Field(
+        "auto", description="off-policy diagnostics on every step (KL, chi2, ratio spread, lag) "
+        "against the behaviour log-probs: an objective with a ratio uses its own; one without "
+        "reads those the samples carry, else scores the starting model once (auto); starting: "
+        "always the starting model's (one scoring pass, cached); none: no comparison and no "
+        "pass (the lag is still counted)")
 
     @property
     def needs_reference(self) -> bool:
@@ -47,6 +54,11 @@ class _ObjectiveBase(Strict):
     def needs_old_logprobs(self) -> bool:
         """The loss is a ratio to the behaviour policy (pi / pi_old)."""
         return False
+
+    @property
+    def reads_behaviour(self) -> bool:
+        """Behaviour log-probs reach the step: for the ratio, or for the diagnostics."""
+        return self.needs_old_logprobs or self.diagnostics != "none"
 
     @property
     def uses_token_rm(self) -> bool:
@@ -130,20 +142,10 @@ class OREALObjective(_ObjectiveBase):
         return self.token_weights == "rm"
 
 
-class _ClippedObjective(_ObjectiveBase):
-    """Clipped policy gradient with group advantages (DAPO and the objectives built on it)."""
+class _RatioObjective(_ObjectiveBase):
+    """An objective whose loss has a ratio to the behaviour policy pi_old: where pi_old comes
+    from, and the correction it can take."""
 
-    advantage: Literal["grpo", "rloo", "none"] = Field("grpo", description="group advantage")
-    eps_low: float = Field(0.2, ge=0, description="lower clip range (DAPO: 0.2)")
-    eps_high: float = Field(0.28, ge=0, description="upper clip range (DAPO: 0.28; ProRL: 0.4)")
-    clip_ratio_c: float = Field(
-        3.0, gt=1, description="dual clip: for a negative advantage the token loss is at most "
-        "clip_ratio_c x |A| however far the policy has moved from the behaviour policy "
-        "(verl's clip_ratio_c, 3; Ye et al. 2020, dual-clip PPO)")
-    agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
-        "token-mean", description="how token losses are averaged"
-    )
-    kl_coef: float = Field(0.0, ge=0, description="KL (k3) to the reference model; 0 = none")
     old_logprobs: Literal["auto", "samples", "recompute"] = Field(
         "auto", description="behaviour log-probs: those stored by infer (samples), or the "
         "starting model's computed once at logprob_temperature (recompute); auto takes the "
@@ -157,6 +159,37 @@ class _ClippedObjective(_ObjectiveBase):
         0.05, gt=0, description="stored behaviour log-probs are checked against the trainer's "
         "own on the first samples: above this mean |difference| per token (nats) they are "
         "recomputed (allow_recompute) or refused; vLLM's bf16 kernels and the trainer's differ")
+    correction: CorrectionConfig = Field(
+        default_factory=NoCorrection, description="off-policy correction, chosen by `name`: "
+        "none, token-tis, seq-tis, icepop, geo-mask (docs/design.md, Corrections)")
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        return True
+
+    @model_serializer(mode="wrap")
+    def _unsaid_when_none(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """A correction left at none is left out of the dumped config (a run's identity), so a
+        run made before corrections existed keeps its identity."""
+        data = handler(self)
+        if isinstance(data, dict) and self.correction.name == "none":
+            data.pop("correction", None)
+        return data
+
+    @model_validator(mode="after")
+    def _diagnosed_against_pi_old(self) -> _RatioObjective:
+        if self.diagnostics == "starting":
+            raise ValueError(f"objective.diagnostics=starting is for objectives without a ratio: "
+                             f"{self.name} compares with its own pi_old (objective.old_logprobs="
+                             "recompute makes that the starting model's)")
+        return self
+
+
+class _GroupPolicyGradient(_RatioObjective):
+    """A policy gradient on group advantages (DAPO and the objectives built like it)."""
+
+    advantage: Literal["grpo", "rloo", "none"] = Field("grpo", description="group advantage")
+    kl_coef: float = Field(0.0, ge=0, description="KL (k3) to the reference model; 0 = none")
     overlong_max_len: int | None = Field(None, ge=1, description="soft overlong: max length (DAPO 20480)")
     overlong_cache_len: int = Field(4096, ge=1, description="soft overlong: penalty ramp (DAPO 4096)")
     overlong_factor: float = Field(1.0, ge=0, description="soft overlong: penalty at max length")
@@ -165,9 +198,19 @@ class _ClippedObjective(_ObjectiveBase):
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    @property
-    def needs_old_logprobs(self) -> bool:
-        return True
+
+class _ClippedObjective(_GroupPolicyGradient):
+    """Clipped policy gradient with group advantages (DAPO and the objectives built on it)."""
+
+    eps_low: float = Field(0.2, ge=0, description="lower clip range (DAPO: 0.2)")
+    eps_high: float = Field(0.28, ge=0, description="upper clip range (DAPO: 0.28; ProRL: 0.4)")
+    clip_ratio_c: float = Field(
+        3.0, gt=1, description="dual clip: for a negative advantage the token loss is at most "
+        "clip_ratio_c x |A| however far the policy has moved from the behaviour policy "
+        "(verl's clip_ratio_c, 3; Ye et al. 2020, dual-clip PPO)")
+    agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="how token losses are averaged"
+    )
 
 
 class DAPOObjective(_ClippedObjective):
@@ -223,11 +266,58 @@ class DiscountedObjective(_ClippedObjective):
         return bool(self.ref_update_every) and step % self.ref_update_every == 0
 
 
+class GSPOObjective(_GroupPolicyGradient):
+    """GSPO (Zheng et al. 2025): the clipped objective on each response's length-normalised
+    sequence ratio, every response weighing the same."""
+
+    name: Literal["gspo"] = Field("gspo", description="clipped sequence-level ratio (GSPO)")
+    eps_low: float = Field(3e-4, ge=0, description="lower clip range of the sequence ratio "
+                           "(GSPO, Sec. 5.1: 3e-4)")
+    eps_high: float = Field(4e-4, ge=0, description="upper clip range of the sequence ratio "
+                            "(GSPO, Sec. 5.1: 4e-4)")
+
+
+class CISPOObjective(_GroupPolicyGradient):
+    """CISPO (MiniMax-M1, 2025): every token's log-prob under a clipped, stop-gradient importance
+    weight; no token's gradient is dropped."""
+
+    name: Literal["cispo"] = Field("cispo", description="clipped IS weight, stop-gradient (CISPO)")
+    eps_low: float | None = Field(None, ge=0, description="the weight's lower bound is 1 - "
+                                  "eps_low; null: none (MiniMax-M1 sets none)")
+    eps_high: float = Field(4.0, ge=0, description="the weight's upper bound is 1 + eps_high "
+                            "(5: ScaleRL's recommended cap for CISPO, as TRL documents it)")
+    agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="how token losses are averaged (MiniMax-M1: token-mean)")
+
+
+class OAPLObjective(_RatioObjective):
+    """OAPL (Ritter et al. 2026): a least-squares regression of beta * log(pi / pi_lag) onto the
+    optimal advantage r - V(x), V from the rewards of x's group; no importance weights."""
+
+    name: Literal["oapl"] = Field("oapl", description="optimal-advantage regression to the "
+                                  "lagged policy (OAPL)")
+    beta: float = Field(1e-3, gt=0, description="KL coefficient of the regression: "
+                        "beta * sum_t log(pi/pi_lag) is fitted to r - V(x) (A*-PO's beta2, 1e-3)")
+    beta_value: float = Field(0.5, gt=0, description="temperature of the value estimate "
+                              "V(x) = beta_value * ln mean_j exp(r_j / beta_value) over x's "
+                              "group (A*-PO's beta1, 0.5)")
+
+    @model_validator(mode="after")
+    def _sequence_corrections_only(self) -> OAPLObjective:
+        if self.correction.name not in ("none", "geo-mask"):
+            raise ValueError(
+                f"objective.correction {self.correction.name!r} does not fit oapl: it regresses "
+                "toward the lagged policy itself, without importance weights, and a token mask "
+                "would change the sequence log-ratio it fits; none or geo-mask (a whole sample)")
+        return self
+
+
 ObjectiveConfig = Annotated[
     PCLObjective | RFTObjective | OREALObjective | DAPOObjective | ProRLObjective
-    | DiscountedObjective,
+    | DiscountedObjective | GSPOObjective | CISPOObjective | OAPLObjective,
     Field(discriminator="name"),
 ]
 OBJECTIVE_MODELS: dict[str, type[Strict]] = {
     "pcl": PCLObjective, "rft": RFTObjective, "oreal": OREALObjective, "dapo": DAPOObjective,
-    "prorl": ProRLObjective, "discounted": DiscountedObjective}
+    "prorl": ProRLObjective, "discounted": DiscountedObjective, "gspo": GSPOObjective,
+    "cispo": CISPOObjective, "oapl": OAPLObjective}

@@ -329,7 +329,7 @@ class EvalConfig(StageConfig):
 class OfflineConfig(TrainerConfig):
     """`reasoner train-offline`: train on a fixed, verified rollout set."""
 
-    outside_identity: ClassVar[tuple[str, ...]] = TRAINING_SETTINGS
+    outside_identity: ClassVar[tuple[str, ...]] = (*TRAINING_SETTINGS, "objective.diagnostics")
 
     model: TrainedModelConfig = Field(..., description="policy to train (usually the SFT model)")
     input_dir: Path = Field(..., description="Verified shard from `reasoner verify`")

@@ -1,5 +1,6 @@
-"""pi_old of the clipped objectives: where the behaviour log-probs come from, and a check that
-the stored ones are the trainer's own at theta_old.
+"""pi_old of the objectives with a ratio: where the behaviour log-probs come from, and a check
+that the stored ones are the trainer's own at theta_old; for the others, those the off-policy
+diagnostics read (`for_diagnostics`).
 
 Stored log-probs are those of the distribution the sampler drew from (logits / T, top-k,
 top-p) computed by the sampler's kernels. The clipped objectives assume the ratio pi / pi_old
@@ -66,34 +67,57 @@ class Drawn:
     unknown_because: str = ""
 
 
-def sampling_of(verified_dir: Path) -> Drawn:
-    """Follow the Verified shard's manifest to the samples it was made from (verify records the
-    folder it read, and what that folder was then) and read infer's sampling settings there. A
-    broken chain is no error: the stored log-probs are then recomputed, and `Drawn` says why."""
+def samples_manifest(verified_dir: Path) -> tuple[dict | None, str]:
+    """(the manifest of the Sample shard a Verified shard was made from, that folder), found
+    through verify's manifest (it records the folder it read, and what that folder was then),
+    or (None, why it cannot be had). A broken chain is no error: what reads it says why (a
+    broken manifest of the Verified shard itself raises ShardError)."""
     manifest = shards.read_manifest(verified_dir) or {}
     inputs = manifest.get("inputs") or {}
     key = "input_dir" if "input_dir" in inputs else "samples"  # older verify: "samples"
     source = inputs.get(key)
     if not source:
-        return Drawn(None, f"{Path(verified_dir) / shards.MANIFEST} names no samples folder (a "
-                           "Verified shard made by hand or by an older reasoner); rerun "
-                           "`reasoner verify` on the samples")
+        return None, (f"{Path(verified_dir) / shards.MANIFEST} names no samples folder (a "
+                      "Verified shard made by hand or by an older reasoner); rerun "
+                      "`reasoner verify` on the samples")
     try:
         samples = shards.read_manifest(source)
-    except ShardError as exc:  # a broken manifest of the samples: say so, recompute
-        return Drawn(None, str(exc))
+    except ShardError as exc:  # a broken manifest of the samples: say so
+        return None, str(exc)
     if samples is None:
-        return Drawn(None, f"{source}, the samples {verified_dir} was verified from, has no "
-                           f"{shards.MANIFEST} (moved or deleted since; a relative path is read "
-                           "from the current folder)")
+        return None, (f"{source}, the samples {verified_dir} was verified from, has no "
+                      f"{shards.MANIFEST} (moved or deleted since; a relative path is read "
+                      "from the current folder)")
     then = ((manifest.get("input_identity") or {}).get(key) or {}).get("digest")
     if then is not None and outputs.input_identity("shard folder", source)["digest"] != then:
-        return Drawn(None, f"{source} has changed since {verified_dir} was verified from it "
-                           "(infer rerun there?), so its settings may not be these samples'")
+        return None, (f"{source} has changed since {verified_dir} was verified from it "
+                      "(infer rerun there?), so its settings may not be these samples'")
+    return samples, str(source)
+
+
+def sampling_of(verified_dir: Path) -> Drawn:
+    """How the samples of a Verified shard were drawn: infer's sampling settings, read from the
+    samples' manifest (`samples_manifest`). A broken chain is no error: the stored log-probs
+    are then recomputed, and `Drawn` says why."""
+    samples, where = samples_manifest(verified_dir)
+    if samples is None:
+        return Drawn(None, where)
     settings = (samples.get("config") or {}).get("sampling")
     if not isinstance(settings, dict):
-        return Drawn(None, f"{Path(source) / shards.MANIFEST} records no sampling settings")
+        return Drawn(None, f"{Path(where) / shards.MANIFEST} records no sampling settings")
     return Drawn(settings)
+
+
+def samples_model(verified_dir: Path) -> tuple[str | None, str]:
+    """(the model infer wrote the samples of a Verified shard with, or None; why not)."""
+    try:
+        samples, where = samples_manifest(verified_dir)
+    except ShardError as exc:
+        return None, str(exc)
+    model = ((samples or {}).get("config") or {}).get("model") or {}
+    if samples is not None and not model.get("name_or_path"):
+        return None, f"{Path(where) / shards.MANIFEST} records no model"
+    return model.get("name_or_path"), where
 
 
 def _mismatch(obj: ObjectiveConfig, sampling: dict | None) -> list[str]:
@@ -124,7 +148,7 @@ def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, verified_dir: Path
     a ratio read nothing here.
     """
     if not obj.needs_old_logprobs:
-        return False, "not used"
+        return for_diagnostics(obj, data, verified_dir)
     mode = obj.old_logprobs
     if data.old_logp is None and mode != "recompute" and not obj.allow_recompute:
         raise TrainingError(
@@ -150,6 +174,32 @@ def behaviour_logprobs(obj: ObjectiveConfig, data: Rollouts, verified_dir: Path
     if mismatch:
         return False, f"stored by infer ({mismatch[-1]}: the ratio is below 1 at theta_old)"
     return False, "stored by infer"
+
+
+def for_diagnostics(obj: ObjectiveConfig, data: Rollouts, verified_dir: Path
+                    ) -> tuple[bool, str]:
+    """An objective without a ratio reads behaviour log-probs for the off-policy diagnostics
+    alone: (score the starting model once, cached?, where they come from, in words). Those the
+    samples carry when they carry them (`auto`; the words say when the samples were drawn from
+    another distribution than the policy is scored on: rho is then not 1 at theta_old), else the
+    starting model's; nothing it trains with depends on them, nor on the manifests read here."""
+    if obj.diagnostics == "none":
+        return False, "not used (objective.diagnostics=none)"
+    scored = "the starting model's, scored once, for the off-policy diagnostics only"
+    if obj.diagnostics == "starting":
+        return True, f"{scored} (objective.diagnostics=starting)"
+    if data.old_logp is None:
+        return True, f"{scored} (the samples carry none; objective.diagnostics=none skips it)"
+    try:
+        drawn = sampling_of(verified_dir)
+    except ShardError as exc:  # the Verified shard's own manifest is broken: say so, go on
+        drawn = Drawn(None, str(exc))
+    mismatch = _mismatch(obj, drawn.settings)
+    note = ("; ".join(mismatch) + ": rho is not 1 at theta_old" if mismatch else
+            "" if drawn.settings is not None else
+            f"the samples' sampling settings are unknown: {drawn.unknown_because}")
+    return False, "stored by infer, for the off-policy diagnostics only" + (
+        f" ({note})" if note else "")
 
 
 def check_behaviour(obj: ObjectiveConfig, data: Rollouts, policy: nn.Module,

@@ -15,6 +15,8 @@ split; left out, the loss is the plain mean over this batch.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -125,7 +127,8 @@ def group_advantages(rewards: Tensor, group_index: Tensor, mode: str = "grpo") -
 def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_index: Tensor,
                     eps_low: float = 0.2, eps_high: float = 0.28, agg: str = "token-mean",
                     global_tokens: float | None = None, global_samples: float | None = None,
-                    clip_ratio_c: float | None = 3.0) -> tuple[Tensor, dict]:
+                    clip_ratio_c: float | None = 3.0, weights: Tensor | None = None
+                    ) -> tuple[Tensor, dict]:
     """PPO-style clipped policy gradient with decoupled clip range (DAPO, Yu et al. 2025) and a
     dual clip for negative advantages (Ye et al. 2020, "Mastering complex control in MOBA games
     with deep RL"; verl's `clip_ratio_c`).
@@ -137,7 +140,7 @@ def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_i
     clamped to [-20, 20] before exp, as verl does, so that the bounded branch's zero gradient
     never meets an infinite ratio (0 x inf = NaN). `token-mean`: mean over all N tokens (DAPO);
     `seq-mean-token-mean`: mean over samples of each sample's token mean. clip_ratio_c None:
-    no dual clip.
+    no dual clip. `weights` (N,): a correction's stop-gradient token weights (`correct`).
     """
     ratio = (logp - old_logp).clamp(-20.0, 20.0).exp()  # (N,)
     adv = advantages[sample_index]  # (N,)
@@ -149,6 +152,8 @@ def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_i
         bound = -clip_ratio_c * adv  # (N,)
         dual = (adv < 0) & (per_token > bound)
         per_token = torch.where(dual, bound, per_token)
+    if weights is not None:
+        per_token = per_token * weights
     loss = agg_loss(per_token, sample_index, advantages.shape[0], agg, global_tokens, global_samples)
     with torch.no_grad():
         clip_frac = (clipped > unclipped).float().mean()
@@ -156,6 +161,142 @@ def clipped_pg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_i
                   "dual_clip_frac": _metric(dual.float().mean()),
                   "ratio_mean": _metric(ratio.mean()), "ratio_max": _metric(ratio.max()),
                   "ratio_min": _metric(ratio.min())}
+
+
+def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_index: Tensor,
+              eps_low: float = 3e-4, eps_high: float = 4e-4, global_samples: float | None = None,
+              weights: Tensor | None = None) -> tuple[Tensor, dict]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): the clipped objective on
+    each response's length-normalised ratio s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|):
+
+      L = mean_i max(-s_i A_i, -clip(s_i, 1 - eps_low, 1 + eps_high) A_i),
+      s_i = exp(m_i(log p - log p_old)), the exponent clamped to [-20, 20].
+
+    Written as the paper's GSPO-token form with sequence advantages, s_it = sg(s_i) pi_t /
+    sg(pi_t): the same value and gradient, and a correction's `weights` (N,) can scale tokens.
+    Every sample weighs the same (seq-mean-token-mean), as the paper's 1/G sum over responses.
+    """
+    B = advantages.shape[0]
+    log_s = segment_mean(logp - old_logp, sample_index, B).clamp(-20.0, 20.0)  # (B,)
+    s = (log_s.detach()[sample_index] + logp - logp.detach()).exp()  # (N,) s_i, grad s_i dlogp_t
+    adv = advantages[sample_index]  # (N,)
+    per_token = torch.maximum(-s * adv, -s.clamp(1 - eps_low, 1 + eps_high) * adv)  # (N,)
+    if weights is not None:
+        per_token = per_token * weights
+    loss = agg_loss(per_token, sample_index, B, "seq-mean-token-mean", None, global_samples)
+    with torch.no_grad():
+        seq = log_s.exp()  # (B,)
+        clipped = (-seq.clamp(1 - eps_low, 1 + eps_high) * advantages > -seq * advantages)
+    return loss, {"loss": _metric(loss), "clip_frac": _metric(clipped.float().mean())}
+
+
+def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_index: Tensor,
+               eps_low: float | None = None, eps_high: float = 4.0, agg: str = "token-mean",
+               global_tokens: float | None = None, global_samples: float | None = None,
+               weights: Tensor | None = None) -> tuple[Tensor, dict]:
+    """CISPO (MiniMax 2025, "MiniMax-M1"): a policy gradient on every token, its importance
+    weight clipped and under stop-gradient, so no token's gradient is ever dropped:
+
+      l_t = -sg(clip(rho_t, 1 - eps_low, 1 + eps_high)) * A * log p_t,
+      rho_t = exp(log p_t - log p_old_t), the exponent clamped to [-20, 20].
+
+    eps_low None: no lower bound (as the paper sets it). `token-mean` (the paper's
+    1 / sum_i |o_i|) or `seq-mean-token-mean`; `weights` (N,): a correction's token weights.
+    """
+    ratio = (logp.detach() - old_logp).clamp(-20.0, 20.0).exp()  # (N,)
+    w = ratio.clamp(min=None if eps_low is None else 1 - eps_low, max=1 + eps_high)  # (N,)
+    per_token = -w * advantages[sample_index] * logp  # (N,)
+    if weights is not None:
+        per_token = per_token * weights
+    loss = agg_loss(per_token, sample_index, advantages.shape[0], agg, global_tokens,
+                    global_samples)
+    return loss, {"loss": _metric(loss), "clip_frac": _metric((w != ratio).float().mean())}
+
+
+def oapl_value(rewards: Tensor, group_index: Tensor, beta_value: float) -> Tensor:
+    """OAPL's value estimate, (B,): V(x) = beta_value * ln mean_j exp(r_j / beta_value) over
+    the group of x's samples (the lagged policy's), for each sample of the group: the soft
+    maximum of the group's rewards (their mean as beta_value -> inf, their max as -> 0)."""
+    groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    z = rewards / beta_value  # (B,)
+    zeros = torch.zeros(groups, dtype=z.dtype, device=z.device)
+    top = torch.full_like(zeros, -torch.inf).scatter_reduce(0, group_index, z, "amax")  # (G,)
+    total = zeros.index_add(0, group_index, (z - top[group_index]).exp())  # (G,)
+    count = zeros.index_add(0, group_index, torch.ones_like(z))  # (G,)
+    return (beta_value * (top + (total / count).log()))[group_index]
+
+
+def oapl_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, sample_index: Tensor,
+              beta: float = 1e-3, global_samples: float | None = None,
+              weights: Tensor | None = None) -> tuple[Tensor, dict]:
+    """OAPL (Ritter et al. 2026, "LLMs Can Learn to Reason Via Off-Policy RL"): a least-squares
+    regression of the KL-regularised optimal policy's log-ratio to the lagged (behaviour)
+    policy onto the optimal advantage, on the lagged policy's own samples (no importance weight):
+
+      L = mean_i (beta * sum_t (log p - log p_lag) - A_i)^2,  A_i = r_i - V(x_i) (`oapl_value`).
+
+    `weights` (N,): a whole-sample mask (the same on each of a sample's tokens), scaling its
+    term.
+    """
+    B = advantages.shape[0]
+    residual = beta * segment_sum(logp - old_logp, sample_index, B) - advantages  # (B,)
+    per_sample = residual * residual  # (B,)
+    if weights is not None:
+        per_sample = per_sample * segment_mean(weights, sample_index, B)
+    loss = global_share(per_sample.mean(), B, global_samples)
+    return loss, {"loss": _metric(loss), "residual_abs": _metric(residual.abs().mean())}
+
+
+class Corrected(NamedTuple):
+    """What a correction gives a ratio objective's loss."""
+
+    anchor: Tensor  # (N,) the log-probs its ratio is taken to
+    weights: Tensor | None  # (N,) token weights under stop-gradient; None: all 1
+    metrics: dict
+
+
+def correct(logp: Tensor, old_logp: Tensor, sample_index: Tensor, num_samples: int, kind: str,
+            cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> Corrected:
+    """An off-policy correction of an objective with a ratio. With rho_t = exp(log p_t -
+    log p_old_t), the policy against the behaviour policy (log-ratios clamped to [-20, 20]):
+
+      none       old_logp, no weights: the objective as published
+      token-tis  w_t = min(rho_t, C)                       (truncated IS, Ionides 2008; TIS)
+      seq-tis    w_t = min(prod_{u in i} rho_u, C)          (one weight per sample)
+      icepop     w_t = 1[low <= rho_t <= high]              (IcePop's token mask)
+      geo-mask   w_t = 1[low <= exp(m_i(log rho)) <= high]  (geometric-mean sequence mask)
+
+    The two IS corrections take the objective's ratio to the step's own policy (log p under
+    stop-gradient: ratio 1, its clip inactive) and weigh by w alone: stacked on a ratio to the
+    behaviour policy, rho would count twice. The masks keep the objective's ratio to the
+    behaviour policy and drop what leaves [low, high]. Dropped tokens still count in the loss's
+    normaliser (docs/design.md, "Corrections").
+    """
+    if kind == "none":
+        return Corrected(old_logp, None, {})
+    d = (logp.detach() - old_logp).clamp(-20.0, 20.0)  # (N,)
+    if kind == "token-tis":
+        rho = d.exp()  # (N,)
+        w = rho.clamp(max=cap)
+        capped = (rho > cap).float().mean()
+        return Corrected(logp.detach(), w, {"corr_weight_mean": _metric(w.mean()),
+                                            "corr_capped_frac": _metric(capped)})
+    if kind == "seq-tis":
+        seq = segment_sum(d, sample_index, num_samples).clamp(-20.0, 20.0).exp()  # (B,)
+        w = seq.clamp(max=cap)[sample_index]  # (N,)
+        capped = (seq > cap).float().mean()
+        return Corrected(logp.detach(), w, {"corr_weight_mean": _metric(w.mean()),
+                                            "corr_capped_frac": _metric(capped)})
+    if kind == "icepop":
+        rho = d.exp()  # (N,)
+        keep = ((rho >= low) & (rho <= high)).to(logp.dtype)  # (N,)
+        return Corrected(old_logp, keep, {"corr_masked_frac": _metric(1 - keep.mean())})
+    if kind == "geo-mask":
+        geo = segment_mean(d, sample_index, num_samples).exp()  # (B,)
+        keep = ((geo >= low) & (geo <= high)).to(logp.dtype)  # (B,)
+        return Corrected(old_logp, keep[sample_index],
+                         {"corr_masked_frac": _metric(1 - keep.mean())})
+    raise ValueError(f"unknown correction {kind!r}: none, token-tis, seq-tis, icepop or geo-mask")
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:

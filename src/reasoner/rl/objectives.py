@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from reasoner.config import ObjectiveConfig
-from reasoner.rl import losses
+from reasoner.rl import losses, offpolicy
 from reasoner.rl.rollouts import Rollouts
 
 
@@ -34,7 +34,7 @@ class Micro:
     signal: Tensor  # (b,) reward or advantage the objective trains with
     rewards: Tensor  # (b,)
     group_acc: Tensor  # (b,)
-    old_logp: Tensor | None = None  # (N,) behaviour log-probs (the clipped objectives)
+    old_logp: Tensor | None = None  # (N,) behaviour log-probs (the ratio, the diagnostics)
     ref_logp: Tensor | None = None  # (N,) reference log-probs (KL terms, OREAL)
     scope: Tensor | None = None  # (n,) which of the N tokens pcl's loss sees; None: all
     token_weights: Tensor | None = None  # (N,) OREAL's token RM weights; None: all 1
@@ -61,6 +61,7 @@ class StepResult:
     means: dict[str, Tensor]  # 0-dim, detached: read once per step (training.accumulate)
     maxima: dict[str, Tensor] = field(default_factory=dict)
     minima: dict[str, Tensor] = field(default_factory=dict)
+    sums: dict[str, Tensor] = field(default_factory=dict)  # shares of global means: added up
 
 
 # --------------------------------------------------------------------------------------------
@@ -94,8 +95,14 @@ def _overlong_advantages(obj: ObjectiveConfig, data: Rollouts, r: Tensor) -> Ten
 
 
 def clipped_signal(obj: ObjectiveConfig, data: Rollouts) -> Tensor:
-    """dapo, prorl: group advantages of the reward (with the soft overlong penalty)."""
+    """dapo, prorl, gspo, cispo: group advantages of the reward (with the soft overlong
+    penalty)."""
     return _overlong_advantages(obj, data, data.rewards)
+
+
+def oapl_signal(obj: ObjectiveConfig, data: Rollouts) -> Tensor:
+    """OAPL's optimal advantage r - V(x), V from the rewards of x's group (`oapl_value`)."""
+    return data.rewards - losses.oapl_value(data.rewards, data.groups, obj.beta_value)
 
 
 def discounted_signal(obj: ObjectiveConfig, data: Rollouts) -> Tensor:
@@ -207,14 +214,44 @@ def rft_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> S
     return _result(*losses.rft_loss(logp, m.sample_index, m.rewards, n.pos_tokens))
 
 
+def _corrected(logp: Tensor, m: Micro, obj: ObjectiveConfig) -> losses.Corrected:
+    """What a ratio objective's loss divides by, its correction's token weights and metrics
+    (`losses.correct`; objective.correction none: the behaviour log-probs, no weights)."""
+    c = obj.correction
+    return losses.correct(logp, m.old_logp, m.sample_index, len(m.index), c.name,
+                          **c.model_dump(exclude={"name"}))
+
+
 def clipped_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
-    loss, metrics = losses.clipped_pg_loss(logp, m.old_logp, m.signal, m.sample_index, obj.eps_low,
+    anchor, weights, corrected = _corrected(logp, m, obj)
+    loss, metrics = losses.clipped_pg_loss(logp, anchor, m.signal, m.sample_index, obj.eps_low,
                                            obj.eps_high, obj.agg, n.tokens, n.samples,
-                                           obj.clip_ratio_c)
+                                           obj.clip_ratio_c, weights)
     largest, smallest = metrics.pop("ratio_max"), metrics.pop("ratio_min")
-    result = _with_kl(loss, metrics, logp, m, obj, n, "token-mean")
+    result = _with_kl(loss, {**metrics, **corrected}, logp, m, obj, n, "token-mean")
     result.maxima, result.minima = {"ratio_max": largest}, {"ratio_min": smallest}
     return result
+
+
+def gspo_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
+    anchor, weights, corrected = _corrected(logp, m, obj)
+    loss, metrics = losses.gspo_loss(logp, anchor, m.signal, m.sample_index, obj.eps_low,
+                                     obj.eps_high, n.samples, weights)
+    return _with_kl(loss, {**metrics, **corrected}, logp, m, obj, n, "seq-mean-token-mean")
+
+
+def cispo_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
+    anchor, weights, corrected = _corrected(logp, m, obj)
+    loss, metrics = losses.cispo_loss(logp, anchor, m.signal, m.sample_index, obj.eps_low,
+                                      obj.eps_high, obj.agg, n.tokens, n.samples, weights)
+    return _with_kl(loss, {**metrics, **corrected}, logp, m, obj, n, obj.agg)
+
+
+def oapl_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
+    anchor, weights, corrected = _corrected(logp, m, obj)  # a sequence mask at most
+    loss, metrics = losses.oapl_loss(logp, anchor, m.signal, m.sample_index, obj.beta, n.samples,
+                                     weights)
+    return _result(loss, {**metrics, **corrected})
 
 
 def oreal_step(logp: Tensor, m: Micro, obj: ObjectiveConfig, n: GlobalCounts) -> StepResult:
@@ -239,6 +276,9 @@ OBJECTIVES: dict[str, Objective] = {
     "dapo": Objective(clipped_signal, clipped_step),
     "prorl": Objective(clipped_signal, clipped_step),
     "discounted": Objective(discounted_signal, clipped_step),
+    "gspo": Objective(clipped_signal, gspo_step),
+    "cispo": Objective(clipped_signal, cispo_step),
+    "oapl": Objective(oapl_signal, oapl_step),
 }
 
 
@@ -253,5 +293,13 @@ def token_scope(obj: ObjectiveConfig, data: Rollouts) -> Sequence[list[float]] |
 
 
 def step(logp: Tensor, m: Micro, obj: ObjectiveConfig, counts: GlobalCounts) -> StepResult:
-    """One micro-batch's loss under `obj`: its share of the global batch's."""
-    return OBJECTIVES[obj.name].step(logp, m, obj, counts)
+    """One micro-batch's loss under `obj`: its share of the global batch's; with the off-policy
+    diagnostics of the policy against the behaviour log-probs, when the step has them."""
+    result = OBJECTIVES[obj.name].step(logp, m, obj, counts)
+    if m.old_logp is not None and obj.diagnostics != "none":
+        gap = offpolicy.diagnostics(logp, m.old_logp, m.sample_index, len(m.index),
+                                    global_tokens=counts.tokens, global_samples=counts.samples)
+        result.sums.update(gap.shares)
+        result.maxima.update(gap.maxima)
+        result.minima.update(gap.minima)
+    return result

@@ -4,9 +4,12 @@ import pytest
 
 from reasoner.config import (
     OBJECTIVE_MODELS,
+    CISPOObjective,
     ConfigError,
     DAPOObjective,
     DiscountedObjective,
+    GSPOObjective,
+    OAPLObjective,
     OfflineConfig,
     OREALObjective,
     PCLObjective,
@@ -32,6 +35,21 @@ def test_each_objective_takes_only_its_own_keys():
         load(OfflineConfig, None, [*base, "objective.neg_scop=first"])
 
 
+@pytest.mark.parametrize("name, theirs, foreign", [
+    ("gspo", "eps_high", "clip_ratio_c"),  # dapo's dual clip is not in GSPO
+    ("cispo", "eps_high", "clip_ratio_c"),
+    ("oapl", "beta_value", "advantage"),   # OAPL's advantage is its own: r - V(x)
+])
+def test_the_objectives_for_aged_data_take_only_their_own_keys(name, theirs, foreign):
+    base = ["model.name_or_path=m", "input_dir=v", "output_dir=o", f"objective.name={name}"]
+    assert getattr(load(OfflineConfig, None, base).objective, theirs) is not None
+    with pytest.raises(ConfigError) as err:
+        load(OfflineConfig, None, [*base, f"objective.{foreign}=1"])
+    msg = str(err.value)
+    assert f"unknown key 'objective.{foreign}'; valid keys for objective '{name}':" in msg
+    assert theirs in msg
+
+
 
 
 @pytest.mark.parametrize("obj, reference, moves, resident, old_logprobs, token_rm, held_out", [
@@ -50,6 +68,9 @@ def test_each_objective_takes_only_its_own_keys():
      False),
     (DiscountedObjective(kl_coef=0.1, ref_update_every=10), True, "ref_update_every", True, True,
      False, False),
+    (GSPOObjective(), False, None, False, True, False, False),
+    (CISPOObjective(kl_coef=0.1), True, None, False, True, False, False),
+    (OAPLObjective(), False, None, False, True, False, False),
 ])
 def test_each_objective_says_what_training_it_needs(obj, reference, moves, resident,
                                                     old_logprobs, token_rm, held_out):

@@ -27,7 +27,7 @@ def test_every_shipped_config_loads():
             stages = pipeline.resolve(load_recipe(path, []), path.parent)
             assert stages and all(s.out.parent == Path(stages[0].out.parent) for s in stages)
             recipes += 1
-    assert checked >= 2 and recipes == 16  # quickstart (7), lengths, pcl, prorl, oreal, discounted,
+    assert checked >= 2 and recipes == 19  # quickstart (10), lengths, pcl, prorl, oreal, discounted,
     #                                     smollm2_cpu, gsm8k_1gpu (3: 0.5B, 1.5B, 7B LoRA)
 
 

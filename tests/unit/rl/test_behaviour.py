@@ -64,10 +64,28 @@ def test_behaviour_logprobs_are_recomputed_unless_sampled_as_scored(tmp_path):
     assert behaviour_logprobs(DAPOObjective(old_logprobs="recompute"), STORED, verified)[0]
 
 
-def test_objectives_without_a_ratio_read_no_manifest(tmp_path):
-    """pcl (the quickstart's) never asks where the samples came from: nothing it computes can
-    depend on the samples' manifests."""
-    assert behaviour_logprobs(PCLObjective(), STORED, tmp_path / "absent") == (False, "not used")
+def test_objectives_without_a_ratio_read_behaviour_logprobs_for_the_diagnostics_only(tmp_path):
+    """pcl (the quickstart's) trains on nothing the samples' manifests say: it reads them only
+    to say, in the summary, what its off-policy diagnostics compare with; the stored log-probs
+    when there are any (no scoring pass), a broken or missing manifest said, never raised."""
+    stored = "stored by infer, for the off-policy diagnostics only"
+    verified = verified_from(tmp_path, QUICKSTART)
+    assert behaviour_logprobs(PCLObjective(), STORED, verified) == (
+        False, f"{stored} (sampled at temperature 0.6, scored at objective.logprob_temperature "
+        "1.0; sampled with top_k 40 / top_p 0.95, which truncate the distribution: rho is not "
+        "1 at theta_old)")
+    assert behaviour_logprobs(PCLObjective(), STORED, verified_from(tmp_path / "t1", PLAIN)) == (
+        False, stored)
+    recompute, said = behaviour_logprobs(PCLObjective(), STORED, tmp_path / "absent")
+    assert not recompute and "sampling settings are unknown" in said
+    (verified / shards.MANIFEST).write_text("{")
+    assert "not valid JSON" in behaviour_logprobs(PCLObjective(), STORED, verified)[1]
+    none = SimpleNamespace(old_logp=None, keys=[("p", 0)])
+    recompute, said = behaviour_logprobs(PCLObjective(), none, verified)
+    assert recompute and "the samples carry none; objective.diagnostics=none skips it" in said
+    assert behaviour_logprobs(PCLObjective(diagnostics="starting"), STORED, verified)[0]
+    assert behaviour_logprobs(PCLObjective(diagnostics="none"), none, verified) == (
+        False, "not used (objective.diagnostics=none)")
 
 
 def test_a_verified_shard_of_an_older_reasoner_still_finds_its_samples(tmp_path):

@@ -80,6 +80,111 @@ def test_the_dual_clip_bounds_a_negative_advantage_and_keeps_the_gradient_finite
     assert two.item() == pytest.approx(2.0)
 
 
+
+def test_gspo_hand_computed():
+    """Sample 0 (A = +1): log-ratios ln 2 and 0, so s_0 = 2^(1/2) = 1.414, clipped to 1.28
+    (no gradient); sample 1 (A = -1): s_1 = 1.1, inside the range. Each sample weighs 1/2, a
+    token of sample i 1/(2|y_i|): d/dlogp of sample 1's token = 1/2 x -A x s_1 = 0.55."""
+    logp = torch.tensor([math.log(2.0), 0.0, math.log(1.1)], requires_grad=True)
+    old, idx, adv = torch.zeros(3), torch.tensor([0, 0, 1]), torch.tensor([1.0, -1.0])
+    loss, m = L.gspo_loss(logp, old, adv, idx, eps_low=0.2, eps_high=0.28)
+    assert loss.item() == pytest.approx((-1.28 + 1.1) / 2)
+    assert m["clip_frac"] == pytest.approx(0.5)
+    assert torch.autograd.grad(loss, logp)[0].tolist() == pytest.approx([0.0, 0.0, 0.55])
+    wide, _ = L.gspo_loss(logp, old, adv, idx, eps_low=0.2, eps_high=1.0)  # s_0 unclipped
+    assert wide.item() == pytest.approx((-math.sqrt(2) + 1.1) / 2)
+    # the sequence ratio's gradient, spread over its tokens: 1/2 x -A x s_0 x 1/2 each
+    assert torch.autograd.grad(wide, logp)[0].tolist() == pytest.approx(
+        [-math.sqrt(2) / 4, -math.sqrt(2) / 4, 0.55])
+    share, _ = L.gspo_loss(logp[:2], old[:2], adv[:1], idx[:2], 0.2, 0.28, global_samples=2)
+    assert share.item() == pytest.approx(-1.28 / 2)  # sample 0's share of a batch of two
+
+
+def test_cispo_hand_computed():
+    """rho = 2, 0.5, 8 under a cap 1 + eps_high = 5: weights 2, 0.5, 5 (stop-gradient) on
+    -A log p, token-mean; every token keeps a gradient, -w A / 3."""
+    logp = torch.log(torch.tensor([2.0, 0.5, 8.0])).requires_grad_()
+    old, idx, adv = torch.zeros(3), torch.tensor([0, 0, 1]), torch.tensor([1.0, -1.0])
+    loss, m = L.cispo_loss(logp, old, adv, idx, eps_high=4.0)
+    assert loss.item() == pytest.approx(
+        (-2 * math.log(2) - 0.5 * math.log(0.5) + 5 * math.log(8)) / 3)
+    assert m["clip_frac"] == pytest.approx(1 / 3)
+    assert torch.autograd.grad(loss, logp)[0].tolist() == pytest.approx([-2 / 3, -0.5 / 3, 5 / 3])
+    floor, m = L.cispo_loss(logp, old, adv, idx, eps_low=0.2, eps_high=4.0)  # 0.5 -> 0.8
+    assert torch.autograd.grad(floor, logp)[0].tolist() == pytest.approx([-2 / 3, -0.8 / 3, 5 / 3])
+    assert m["clip_frac"] == pytest.approx(2 / 3)
+
+
+def test_oapl_value_is_the_soft_maximum_of_the_group():
+    """V = b ln mean exp(r / b) per group: 3 of 4 right at b = 0.5 gives 0.5 ln((3e^2 +
+    e^-2) / 4); a lone wrong sample, -1; b -> 0 the max, b -> inf the mean."""
+    r, g = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0]), torch.tensor([0, 0, 0, 0, 1])
+    v = L.oapl_value(r, g, 0.5)
+    top = 0.5 * math.log((3 * math.exp(2) + math.exp(-2)) / 4)
+    assert v.tolist() == pytest.approx([top] * 4 + [-1.0])
+    assert L.oapl_value(r, g, 1e-3).tolist() == pytest.approx([1.0] * 4 + [-1.0], abs=1e-3)
+    assert L.oapl_value(r.double(), g, 1e4).tolist() == pytest.approx([0.5] * 4 + [-1.0], abs=1e-4)
+
+
+def test_oapl_hand_computed():
+    """Sample 0's log-ratios sum to 2, sample 1's to -1; beta 0.1, A = (0.3, -0.4): residuals
+    0.2 - 0.3 = -0.1 and -0.1 + 0.4 = 0.3; L = (0.01 + 0.09) / 2; dL/dlogp = beta res (2/B)."""
+    logp = torch.tensor([0.5, 1.5, -1.0], requires_grad=True)
+    old, idx, adv = torch.zeros(3), torch.tensor([0, 0, 1]), torch.tensor([0.3, -0.4])
+    loss, m = L.oapl_loss(logp, old, adv, idx, beta=0.1)
+    assert loss.item() == pytest.approx(0.05)
+    assert m["residual_abs"] == pytest.approx(0.2)
+    assert torch.autograd.grad(loss, logp)[0].tolist() == pytest.approx([-0.01, -0.01, 0.03])
+    masked, _ = L.oapl_loss(logp, old, adv, idx, beta=0.1, weights=torch.tensor([0.0, 0.0, 1.0]))
+    assert masked.item() == pytest.approx(0.09 / 2)  # sample 0 dropped whole, still counted
+
+
+# rho = 3, 0.25 (sample 0) and 1.5 (sample 1): the case every correction below is computed on
+RHO_LOGP = torch.log(torch.tensor([3.0, 0.25, 1.5]))
+RHO_IDX = torch.tensor([0, 0, 1])
+
+
+def test_corrections_hand_computed():
+    logp, old = RHO_LOGP, torch.zeros(3)
+    anchor, w, m = L.correct(logp, old, RHO_IDX, 2, "none")
+    assert anchor is old and w is None and m == {}
+    anchor, w, m = L.correct(logp, old, RHO_IDX, 2, "token-tis", cap=2.0)
+    assert torch.equal(anchor, logp) and w.tolist() == pytest.approx([2.0, 0.25, 1.5])
+    assert m["corr_capped_frac"] == pytest.approx(1 / 3) and m["corr_weight_mean"] == 1.25
+    anchor, w, m = L.correct(logp, old, RHO_IDX, 2, "seq-tis", cap=2.0)  # 3 x 0.25, and 1.5
+    assert torch.equal(anchor, logp) and w.tolist() == pytest.approx([0.75, 0.75, 1.5])
+    _, w, m = L.correct(logp, old, RHO_IDX, 2, "seq-tis", cap=1.0)
+    assert w.tolist() == pytest.approx([0.75, 0.75, 1.0]) and m["corr_capped_frac"] == 0.5
+    anchor, w, m = L.correct(logp, old, RHO_IDX, 2, "icepop", low=0.5, high=2.0)
+    assert anchor is old and w.tolist() == [0.0, 0.0, 1.0]
+    assert m["corr_masked_frac"] == pytest.approx(2 / 3)
+    # geometric means: sqrt(3 x 0.25) = 0.866 and 1.5: both inside [0.5, 2], sample 0 not in [0.9, 2]
+    assert L.correct(logp, old, RHO_IDX, 2, "geo-mask", low=0.5, high=2.0)[1].tolist() == [1.0] * 3
+    anchor, w, m = L.correct(logp, old, RHO_IDX, 2, "geo-mask", low=0.9, high=2.0)
+    assert anchor is old and w.tolist() == [0.0, 0.0, 1.0] and m["corr_masked_frac"] == 0.5
+
+
+def test_an_is_correction_replaces_the_ratio_and_a_mask_drops_terms():
+    """token-tis on dapo: the ratio is taken to the step's own policy (1, its clip inactive), so
+    each token costs -w_t A with gradient -w_t A / N: (-2, -0.25, +1.5) / 3 for A = (1, -1).
+    icepop [0.5, 2] keeps token 2 only, with dapo's own ratio 1.5 to the behaviour policy
+    (A = -1: 1.5, below the dual clip's 3), still divided by all 3 tokens."""
+    logp, old, adv = RHO_LOGP.clone().requires_grad_(), torch.zeros(3), torch.tensor([1.0, -1.0])
+    anchor, w, _ = L.correct(logp, old, RHO_IDX, 2, "token-tis", cap=2.0)
+    loss, m = L.clipped_pg_loss(logp, anchor, adv, RHO_IDX, weights=w)
+    assert loss.item() == pytest.approx((-2.0 - 0.25 + 1.5) / 3) and m["clip_frac"] == 0.0
+    assert torch.autograd.grad(loss, logp)[0].tolist() == pytest.approx([-2 / 3, -0.25 / 3, 0.5])
+    for name, fn in (("gspo", L.gspo_loss), ("cispo", L.cispo_loss)):  # the same gradient
+        anchor, w, _ = L.correct(logp, old, torch.tensor([0, 1, 2]), 3, "token-tis", cap=2.0)
+        three = torch.tensor([1.0, 1.0, -1.0])
+        got = torch.autograd.grad(fn(logp, anchor, three, torch.tensor([0, 1, 2]), weights=w)[0],
+                                  logp)[0]
+        assert got.tolist() == pytest.approx([-2 / 3, -0.25 / 3, 0.5]), name
+    anchor, w, _ = L.correct(logp, old, RHO_IDX, 2, "icepop", low=0.5, high=2.0)
+    loss, _ = L.clipped_pg_loss(logp, anchor, adv, RHO_IDX, weights=w)
+    assert loss.item() == pytest.approx(1.5 / 3)
+    assert torch.autograd.grad(loss, logp)[0].tolist() == pytest.approx([0.0, 0.0, 0.5])
+
 def test_token_rm_loss_hand_computed():
     """BCE of sigmoid(mean token score) against R > 0, a sample's mean over its tokens: sample
     0 (R = +1) has mean score 1, sample 1 (R = -1) mean 0."""
@@ -163,6 +268,20 @@ def naive(kind: str, b: dict) -> torch.Tensor:
             term = -m if b["r"][i] > 0 else 0.5 * p / (1 - p) * m
             total = total + term + 0.01 * kl
         return total / B
+    if kind == "gspo":
+        terms = []
+        for i in range(B):
+            s = torch.exp(sum(logp[t] - b["old"][t] for t in toks[i]) / len(toks[i]))
+            a = b["adv"][i]
+            terms.append(max(-s * a, -torch.clamp(s, 0.8, 1.28) * a))
+        return sum(terms) / B
+    if kind == "cispo":
+        out = [-torch.clamp(torch.exp(logp[t] - b["old"][t]).detach(), max=5.0) * b["adv"][i] * logp[t]
+               for t, i in enumerate(idx)]
+        return sum(out) / len(out)
+    if kind == "oapl":
+        return sum((0.1 * sum(logp[t] - b["old"][t] for t in toks[i]) - b["adv"][i]) ** 2
+                   for i in range(B)) / B
     raise ValueError(kind)
 
 
@@ -173,10 +292,16 @@ def vectorised(kind: str, b: dict) -> torch.Tensor:
         return L.rft_loss(b["logp"], b["idx"], b["r"])[0]
     if kind == "clip":
         return L.clipped_pg_loss(b["logp"], b["old"], b["adv"], b["idx"])[0]
+    if kind == "gspo":
+        return L.gspo_loss(b["logp"], b["old"], b["adv"], b["idx"], 0.2, 0.28)[0]
+    if kind == "cispo":
+        return L.cispo_loss(b["logp"], b["old"], b["adv"], b["idx"])[0]
+    if kind == "oapl":
+        return L.oapl_loss(b["logp"], b["old"], b["adv"], b["idx"], beta=0.1)[0]
     return L.oreal_loss(b["logp"], b["ref"], b["idx"], b["r"], b["acc"], b["w"])[0]
 
 
-@pytest.mark.parametrize("kind", ["pcl", "rft", "clip", "oreal"])
+@pytest.mark.parametrize("kind", ["pcl", "rft", "clip", "oreal", "gspo", "cispo", "oapl"])
 @pytest.mark.parametrize("seed", range(5))
 def test_losses_match_naive_loop_values_and_gradients(kind, seed):
     b = random_batch(seed)
@@ -209,6 +334,13 @@ def test_shares_of_a_split_batch_add_up_to_the_whole_batch_loss():
                                           global_tokens=5, global_samples=3)[0])
                   for t, s, i in parts)
         assert got == pytest.approx(whole), agg
+    for name, fn in (("gspo", lambda *a, **k: L.gspo_loss(*a, 0.2, 0.28, k["global_samples"])),
+                     ("cispo", lambda *a, **k: L.cispo_loss(*a, global_tokens=k["global_tokens"])),
+                     ("oapl", lambda *a, **k: L.oapl_loss(*a, 0.1, k["global_samples"]))):
+        whole = fn(logp, old, r, idx, global_tokens=None, global_samples=None)[0].item()
+        got = sum(float(fn(logp[t], old[t], r[s], torch.tensor(i), global_tokens=5,
+                           global_samples=3)[0]) for t, s, i in parts)
+        assert got == pytest.approx(whole), name
     assert L.agg_loss(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 1]), 2, "token-mean",
                       global_tokens=6).item() == pytest.approx(9 / 6)
     assert L.agg_loss(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 1]), 2,
