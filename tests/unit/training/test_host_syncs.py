@@ -10,6 +10,7 @@ micro-batch the boolean selections of its targets (`hidden[keep]`, `labels[keep]
 and pcl's `geo[pos]` with `pos.any()`.
 """
 
+import json
 import re
 from collections import Counter
 
@@ -98,6 +99,9 @@ def test_a_train_offline_step_reads_its_metrics_once_and_its_gradient_norm(
     print("\n" + syncs.report(f"train-offline {objective}, one step"))
     assert own(syncs) == STEP
     assert libraries(syncs) == LIBRARIES
+    # ... with the off-policy diagnostics computed in that step (they add no read of their own)
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"offpolicy_kl_k3", "offpolicy_chi2", "offpolicy_seq_ratio_std"} <= set(logged)
 
 
 def test_an_sft_step_reads_its_metrics_once_and_its_gradient_norm(tmp_path, synth_dir,
