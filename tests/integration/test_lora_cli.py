@@ -2,13 +2,12 @@
 1: sft, its resume, and train-offline with a fixed, a reset and a moving reference."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import SUBPROCESS_ENV, reasoner, reasoner_jobs_on_two_processes, why
+from tests_helpers import reasoner, run_jobs_on_two_processes
 
 pytest.importorskip("peft")
 
@@ -49,16 +48,14 @@ def same(a: Path, b: Path, atol: float, file: str = "model.safetensors") -> bool
 @pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir, verified_dir):
     """Every 2-process LoRA run of this module in one torchrun."""
-    root = tmp_path_factory.mktemp("lora_two_process")
-    jobs = [sft_args(synth_dir, tiny_model_dir, root / "sft"),
-            ["--cut", root / "sft", root / "sft-cut", 2],
-            sft_args(synth_dir, tiny_model_dir, root / "sft-cut")]
-    jobs += [offline_args(tiny_model_dir, verified_dir, root / name, objective)
-             for name, objective in OBJECTIVES.items()]
-    done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
-                          text=True, timeout=1200, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, why(done)
-    return root
+    def jobs(root: Path) -> list[list]:
+        return [sft_args(synth_dir, tiny_model_dir, root / "sft"),
+                ["--cut", root / "sft", root / "sft-cut", 2],
+                sft_args(synth_dir, tiny_model_dir, root / "sft-cut"),
+                *[offline_args(tiny_model_dir, verified_dir, root / name, objective)
+                  for name, objective in OBJECTIVES.items()]]
+
+    return run_jobs_on_two_processes(jobs, lambda: tmp_path_factory.mktemp("lora_two_process"))
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from tests_helpers import (
     SUBPROCESS_ENV,
     reasoner,
-    reasoner_jobs_on_two_processes,
     reasoner_on_two_processes,
+    run_jobs_on_two_processes,
     why,
 )
 
@@ -89,16 +89,14 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_model_dir):
     """This module's 2-process runs, one after another in one torchrun (the processes' start
     is most of each run's time on a slow machine): 4 steps saving sharded checkpoints, and 6
     fp16 steps with loss scaling. Returns the folder holding `whole` and `fp16`."""
-    root = tmp_path_factory.mktemp("sft_two_process")
-    jobs = [args(synth_dir, tiny_model_dir, root / "whole", *SHARDED),
-            args(synth_dir, tiny_model_dir, root / "fp16", *FP16_BACKOFF),
-            # sequence parallel, activations recomputed (the all-to-alls run again in backward)
-            args(synth_dir, tiny_model_dir, root / "sp", *SHARDED, "run.sequence_parallel=2",
-                 "run.gradient_checkpointing=true")]
-    done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
-                          text=True, timeout=1200, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, why(done)
-    return root
+    def jobs(root: Path) -> list[list]:
+        return [args(synth_dir, tiny_model_dir, root / "whole", *SHARDED),
+                args(synth_dir, tiny_model_dir, root / "fp16", *FP16_BACKOFF),
+                # sequence parallel, activations recomputed (the all-to-alls run again in backward)
+                args(synth_dir, tiny_model_dir, root / "sp", *SHARDED, "run.sequence_parallel=2",
+                     "run.gradient_checkpointing=true")]
+
+    return run_jobs_on_two_processes(jobs, lambda: tmp_path_factory.mktemp("sft_two_process"))
 
 
 @pytest.mark.slow

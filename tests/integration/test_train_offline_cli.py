@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests_helpers import SUBPROCESS_ENV, reasoner, reasoner_jobs_on_two_processes, why
+from tests_helpers import (
+    SUBPROCESS_ENV,
+    reasoner,
+    reasoner_jobs_on_two_processes,
+    run_jobs_on_two_processes,
+    why,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,29 +124,32 @@ def two_process_runs(tmp_path_factory, synth_dir, tiny_shape, tiny_model_dir, ve
     from reasoner import models
     from reasoner.config import TinyConfig
 
-    root = tmp_path_factory.mktemp("two_process")
     untied = models.build_tiny(TinyConfig(
-        output_dir=root / "untied-model", corpus=[synth_dir / "sft"],
+        output_dir=tmp_path_factory.mktemp("untied") / "model", corpus=[synth_dir / "sft"],
         model=tiny_shape.model_copy(update={"tie_word_embeddings": False})))
-    jobs = [args(tiny_model_dir, verified_dir, root / str(k) / "two", *overrides(o))
-            for k, o in enumerate(OBJECTIVES)]
-    jobs += [args(tiny_model_dir, verified_dir, root / str(k) / "sp", *overrides(OBJECTIVES[k]),
-                  "run.sequence_parallel=2") for k in SEQUENCE_PARALLEL]
-    def resumable(out):  # dapo under sequence parallelism, checkpointed every 2 of 4 steps
-        return args(tiny_model_dir, verified_dir, out, *overrides(OBJECTIVES[1]),
-                    "run.sequence_parallel=2", "run.max_steps=4", "run.save_every=2",
-                    "run.keep_last=5")
 
-    jobs += [resumable(root / "sp-whole"), ["--cut", root / "sp-whole", root / "sp-cut", 2],
-             resumable(root / "sp-cut")]
-    jobs.append(args(tiny_model_dir, verified_dir, root / "bf16", *overrides(OBJECTIVES[2]),
-                     "model.dtype=bfloat16"))  # prorl: a moving reference in aux/
-    for layout in ("fsdp", "vocab-parallel"):
-        jobs.append(args(untied, verified_dir, root / f"untied-{layout}" / "two",
-                         *overrides("{name: pcl}"), f"run.vocab_layout={layout}"))
-    done = subprocess.run(reasoner_jobs_on_two_processes(jobs, root), capture_output=True,
-                          text=True, timeout=1200, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, why(done)
+    def jobs_in(root: Path) -> list[list]:
+        jobs = [args(tiny_model_dir, verified_dir, root / str(k) / "two", *overrides(o))
+                for k, o in enumerate(OBJECTIVES)]
+        jobs += [args(tiny_model_dir, verified_dir, root / str(k) / "sp",
+                      *overrides(OBJECTIVES[k]), "run.sequence_parallel=2")
+                 for k in SEQUENCE_PARALLEL]
+
+        def resumable(out):  # dapo under sequence parallelism, checkpointed every 2 of 4 steps
+            return args(tiny_model_dir, verified_dir, out, *overrides(OBJECTIVES[1]),
+                        "run.sequence_parallel=2", "run.max_steps=4", "run.save_every=2",
+                        "run.keep_last=5")
+
+        jobs += [resumable(root / "sp-whole"), ["--cut", root / "sp-whole", root / "sp-cut", 2],
+                 resumable(root / "sp-cut")]
+        jobs.append(args(tiny_model_dir, verified_dir, root / "bf16", *overrides(OBJECTIVES[2]),
+                         "model.dtype=bfloat16"))  # prorl: a moving reference in aux/
+        for layout in ("fsdp", "vocab-parallel"):
+            jobs.append(args(untied, verified_dir, root / f"untied-{layout}" / "two",
+                             *overrides("{name: pcl}"), f"run.vocab_layout={layout}"))
+        return jobs
+
+    root = run_jobs_on_two_processes(jobs_in, lambda: tmp_path_factory.mktemp("two_process"))
     return root, untied
 
 

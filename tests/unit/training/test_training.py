@@ -309,7 +309,7 @@ def test_a_stop_signal_saves_on_every_process_or_on_none(monkeypatch, tmp_path):
     for grace, saves in ((30.0, False), (60.0, True)):
         for rank, own in ranks.items():
             saved = []
-            monkeypatch.setattr(loop, "_save", lambda state, done, extra: saved.append(done))
+            monkeypatch.setattr(loop, "_save", lambda state, done, extra, saved=saved: saved.append(done))
             loop._stop.clear()
             if own["signal"]:
                 loop._stop["signal"] = own["signal"]
