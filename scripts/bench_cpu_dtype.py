@@ -34,8 +34,7 @@ def matmul_gflops(dtype: torch.dtype, n: int = 1024) -> float:
 def decode_seconds(dtype: torch.dtype, rows: int = 16, steps: int = 8) -> float:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from reasoner.infer.decode_step import DecodeStep
-    from reasoner.infer.kv_cache import new_cache
+    from reasoner.infer.decode_step import DecodeStep, greedy_logits
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=4,
@@ -46,17 +45,8 @@ def decode_seconds(dtype: torch.dtype, rows: int = 16, steps: int = 8) -> float:
     ids = torch.randint(3, 1000, (rows, 32))
 
     def run():
-        cache = new_cache(model.config)
-        mask = torch.ones_like(ids)
-        pos = torch.arange(32).expand(rows, 32)
-        with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                  use_cache=True)
-            nxt, p = ids[:, -1:], pos[:, -1:]
-            for _ in range(steps):
-                mask = torch.cat([mask, torch.ones_like(nxt)], 1)
-                p = p + 1
-                nxt = step(nxt, mask, p, cache).argmax(-1, keepdim=True)
+        greedy_logits(model, step, ids, steps)
+
     return best_of(run, 3)
 
 

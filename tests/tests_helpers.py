@@ -146,25 +146,11 @@ def step_logits(model, step, rows: int = 4, steps: int = 3):
     `steps` greedy decode steps from `rows` prompts of 6 tokens, prefilled by `model` itself."""
     import torch
 
-    from reasoner.infer.kv_cache import new_cache
+    from reasoner.infer.decode_step import greedy_logits
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (rows, 6), generator=g)
-    mask = torch.ones_like(ids)
-    positions = torch.arange(6).expand(rows, 6)
-    cache = new_cache(model.config)
-    out = []
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-              use_cache=True)
-        ids, positions = ids[:, -1:], positions[:, -1:]
-        for _ in range(steps):
-            mask = torch.cat([mask, torch.ones_like(ids)], 1)
-            positions = positions + 1
-            logits = step(ids, mask, positions, cache)  # (rows, V)
-            out.append(logits)
-            ids = logits.argmax(-1, keepdim=True)
-    return torch.stack(out)
+    return greedy_logits(model, step, ids, steps)
 
 
 def strict_autograd() -> None:

@@ -181,3 +181,28 @@ def _norm(module):
         return module.weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
     return norm
 
+
+
+def greedy_logits(model, step, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """The logits (steps, rows, V) of `steps` greedy decode steps of `step` (a DecodeStep of
+    `model`, or any callable of its signature) after `model` prefills the unpadded prompts `ids`
+    (rows, P): the check that a step computes what `model(...)` does, and the loop its
+    benchmark times."""
+    from reasoner.infer.kv_cache import new_cache
+
+    rows, prompt = ids.shape
+    mask = torch.ones_like(ids)
+    positions = torch.arange(prompt).expand(rows, prompt)
+    cache = new_cache(model.config)
+    out = []
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+              use_cache=True)
+        ids, positions = ids[:, -1:], positions[:, -1:]
+        for _ in range(steps):
+            mask = torch.cat([mask, torch.ones_like(ids)], 1)
+            positions = positions + 1
+            logits = step(ids, mask, positions, cache)  # (rows, V)
+            out.append(logits)
+            ids = logits.argmax(-1, keepdim=True)
+    return torch.stack(out)
