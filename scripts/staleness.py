@@ -3,7 +3,7 @@ the same round-1 rollout set, evaluated against SFT and against itself at 1x, wi
 off-policy diagnostics plotted step by step (issue 53).
 
     python scripts/staleness.py [--run-dir runs/quickstart] [--epochs 1,4,16] [--seed 0]
-        [--objectives pcl rft oreal dapo discounted gspo cispo oapl] [--out-dir DIR]
+        [--objectives pcl rft oreal dapo dapo-tis discounted gspo cispo oapl] [--out-dir DIR]
 
 What it runs: the quickstart recipe up to its round-1 Verified shard (`reasoner run ...
 --until verified`: data, SFT, its eval, samples, verify; finished stages are skipped), then for
@@ -36,7 +36,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart"
-OBJECTIVES = ["pcl", "rft", "oreal", "dapo", "discounted", "gspo", "cispo", "oapl"]
+OBJECTIVES = ["pcl", "rft", "oreal", "dapo", "dapo-tis", "discounted", "gspo", "cispo", "oapl"]
+# arms that are an objective with a correction (objective.correction): name -> (objective, key)
+CORRECTED = {"dapo-tis": ("dapo", {"name": "token-tis", "cap": 2.0}),
+             "dapo-icepop": ("dapo", {"name": "icepop", "low": 0.5, "high": 5.0})}
 PLOTTED = ["offpolicy_kl_k3", "offpolicy_chi2", "offpolicy_ratio_outside",
            "offpolicy_seq_ratio_std"]
 NO_RATIO = {"pcl", "rft", "oreal"}  # their diagnostics compare with the starting model's
@@ -50,7 +53,11 @@ def reasoner(*args: str) -> None:
 
 def objective_of(name: str) -> dict:
     """The objective section the quickstart trains `name` with: recipe_<name>.yaml's rl stage,
-    or train_offline.yaml's own (pcl, the quickstart's)."""
+    or train_offline.yaml's own (pcl, the quickstart's); an arm of CORRECTED: its objective's
+    section with the correction."""
+    if name in CORRECTED:
+        base, correction = CORRECTED[name]
+        return {**objective_of(base), "correction": correction}
     if name == "pcl":
         return yaml.safe_load((QUICKSTART / "train_offline.yaml").read_text())["objective"]
     recipe = yaml.safe_load((QUICKSTART / f"recipe_{name}.yaml").read_text())
@@ -164,7 +171,8 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, help="default: RUN_DIR/staleness")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", default="1,4,16", help="multiples of N to evaluate")
-    parser.add_argument("--objectives", nargs="+", default=OBJECTIVES, choices=OBJECTIVES)
+    parser.add_argument("--objectives", nargs="+", default=OBJECTIVES,
+                        choices=list(dict.fromkeys([*OBJECTIVES, *CORRECTED])))
     parser.add_argument("--steps", type=int, help="N; default: the quickstart rl stage's")
     parser.add_argument("--eval-problems", type=int, help="fewer held-out problems (smoke runs)")
     parser.add_argument("--eval-samples", type=int, help="samples per problem (default 8)")
