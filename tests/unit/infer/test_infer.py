@@ -104,7 +104,7 @@ def test_bad_inputs(tmp_path, synth_dir, tiny_model_dir):
     empty.write_text("")
     with pytest.raises(ValueError, match="no problems"):
         infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "o", data__path=str(empty)))
-    mapped = tmp_path / "mapped.jsonl"  # the ../shared eval files use prompt/answer; ids are made
+    mapped = tmp_path / "mapped.jsonl"  # the local eval files use prompt/answer; ids are made
     mapped.write_text('{"id": 1, "question": "Mia has 3 apples.", "answer": 3}\n'
                       '{"id": 2, "question": "' + "Mia has 3 apples. " * 60 + '", "answer": 4}\n')
     out = infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "long", data__path=str(mapped),
