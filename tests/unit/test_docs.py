@@ -239,6 +239,28 @@ def test_backend_row_names_the_generator_protocol():
     assert said == protocol
 
 
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub (and the site, mkdocs.yml's slugify) gives a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_readme_links_resolve():
+    """The README is not part of the site, so --strict does not see its links: each file it
+    links exists, and each anchor is a heading of that file."""
+    wrong = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text()):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        if not (ROOT / path).exists():
+            wrong.append(f"{target}: no such file")
+        elif anchor and anchor not in {github_anchor(h) for h in re.findall(
+                r"^#+ (.*)$", (ROOT / path).read_text(), flags=re.M)}:
+            wrong.append(f"{target}: no heading with that anchor")
+    assert not wrong
+
+
 def test_readme_test_command_is_what_ci_runs():
     """The README's second command is the one `.ci/run` ends with, word for word."""
     readme = (ROOT / "README.md").read_text()
