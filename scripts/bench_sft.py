@@ -4,7 +4,7 @@
 
 Same tiny model, data, machine and batch shape for all three; TRL is configured fairly: fp32 on
 CPU, no gradient checkpointing, completion-only loss, packing_strategy="bfd". Prints a markdown
-table of tokens/s, padding waste and the ratios (the numbers in the README come from here).
+table of tokens/s, padding waste and the ratios (the numbers in docs/benchmarks.md come from here).
 Ratios matter, not absolute times: the machines are shared and noisy.
 """
 

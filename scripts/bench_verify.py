@@ -2,8 +2,9 @@
 
     python scripts/bench_verify.py [--pairs 3000]
 
-Pairs are built from the reference answers in ../shared/data/eval (AIME, AMC, GSM8K, Minerva):
-each reference against itself, a LaTeX rewrite, and a perturbed value. Prints answers/s for
+Pairs are built from the reference answers of the benchmark files in shared/data/eval/ beside the
+checkout (AIME, AMC, GSM8K, Minerva): each reference against itself, a LaTeX rewrite, and a
+perturbed value. Prints answers/s for
 the plain in-process loop and the pool with 1 and 2 workers, their ratios, verdict agreement
 and the slowest item. Ratios matter, not absolute numbers: the machines are shared.
 """
@@ -30,7 +31,7 @@ def references() -> list[str]:
                         ("minerva_math.jsonl", "solution")):
         path = EVAL / name
         if not path.exists():
-            raise SystemExit(f"{path} is missing: the benchmark needs ../shared/data/eval")
+            raise SystemExit(f"{path} is missing: the benchmark needs shared/data/eval/ beside the checkout")
         for line in path.read_text().splitlines():
             value = json.loads(line)[field]
             if name == "gsm8k.jsonl":

@@ -1,4 +1,4 @@
-"""The quickstart on several seeds, one after the other, and the table the README shows.
+"""The quickstart on several seeds, one after the other, and the table docs/quickstart.md shows.
 
     python scripts/quickstart_seeds.py [--seeds 0 1 2] [--root runs] [--check] [recipe overrides...]
 

@@ -1,4 +1,4 @@
-"""The CPU real-model recipe (configs/smollm2_cpu) on several seeds, and the README's table.
+"""The CPU real-model recipe (configs/smollm2_cpu) on several seeds, and the table of docs/real-models.md.
 
     python scripts/smollm2_seeds.py [--seeds 0 1] [--root runs] [--check] [--table-only]
 

@@ -76,7 +76,7 @@ def check_loadgroup_works(config) -> None:
 # The quickstart recipe at CI scale: the shipped recipe and stage configs, with less of each
 # (100 SFT steps instead of 1,095, 100 held-out problems x 2 samples per eval instead of
 # 1,000 x 8, 60 train problems to sample, one round). The full recipe's claim, RL above SFT with
-# the paired interval above 0, is measured by scripts/quickstart_seeds.py (README): it takes 6
+# the paired interval above 0, is measured by scripts/quickstart_seeds.py (docs/quickstart.md): it takes 6
 # minutes on the reference machine and over an hour on the slowest machines CI runs on.
 QUICKSTART_CI_SCALE = ["rounds=1", "data.num_test=100", "sft.run.max_steps=100",
                        "samples.data.limit=60", "eval-sft.sampling.n=2", "eval-rl.sampling.n=2",

@@ -22,10 +22,11 @@ SHARED_EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "
 
 
 def shared_eval_rows(name: str) -> list[dict]:
-    """Rows of a ../shared/data/eval benchmark file, or skip the test saying why."""
+    """Rows of a benchmark file of SHARED_EVAL (a `shared/data/eval/` folder beside the
+    checkout), or skip the test saying why."""
     path = SHARED_EVAL / name
     if not path.exists():
-        pytest.skip(f"{path} is absent: the benchmark files live in ../shared beside the checkout")
+        pytest.skip(f"{path} is absent: the benchmark files live in shared/data/eval/ beside the checkout")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

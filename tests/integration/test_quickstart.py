@@ -9,8 +9,8 @@ of the rewarded responses it trained on, as its objective says.
 The full recipe's claim, RL above SFT on 1,000 held-out problems x 8 samples with the paired
 interval above 0, needs the full SFT: `python scripts/quickstart_seeds.py --check` measures it
 and fails when a round's interval does not lie above 0 (6 minutes a seed on the reference
-machine; README, "Does RL help here?"). It is not in CI: on the slowest 2-core machines CI runs
-on, the full recipe takes over an hour (README, Tests)."""
+machine; docs/quickstart.md, "Does RL help here?"). It is not in CI: on the slowest 2-core machines CI runs
+on, the full recipe takes over an hour (docs/testing.md)."""
 
 import json
 import math

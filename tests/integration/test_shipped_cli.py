@@ -59,7 +59,7 @@ def test_a_copied_recipe_runs_from_its_new_place(tmp_path):
 
 
 def test_a_documented_configs_path_works_outside_a_clone(tmp_path):
-    """`reasoner data synth configs/quickstart/data_synth.yaml`, as the README writes it."""
+    """`reasoner data synth configs/quickstart/data_synth.yaml`, as docs/configs.md writes it."""
     out = reasoner("data", "synth", "configs/quickstart/data_synth.yaml", "output_dir=data",
                    "num_train=5", "num_test=2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -58,7 +58,8 @@ def export_mindspeed(
     cfg, target = _load("export mindspeed", config, overrides)
     par = mindspeed.Parallel(tp, pp, nodes or max(1, math.ceil(tp * pp / npus_per_node)), npus_per_node)
     written = run_stage("export mindspeed",
-                        lambda: target.export(cfg, str(config), out, par, train_iters, shape))
+                        lambda: mindspeed.export(target.scripts, cfg, str(config), out, par,
+                                                     train_iters, shape))
     release = getattr(target, "FORK", mindspeed.RELEASE)
     summary("export mindspeed", [("target", release),
                                  ("parallel", f"TP {par.tp}, PP {par.pp}, {par.nodes} node(s) x "

@@ -17,7 +17,7 @@ from reasoner.config.files import Strict
 # Published prompts, by name. `pcl_reasoner_v1_5`: the PCL-Reasoner-V1.5 README samples and
 # evaluates with `--system_prompt_type amthinking` (the system prompt of a-m-team's llmeval,
 # `llmeval/utils/prompts.py`), and its AIME files end each problem with the Qwen2.5-Math
-# instruction below (so does ../shared/data/eval/aime24.jsonl).
+# instruction below (so do the AIME 2024 JSONL files the tests read).
 TEMPLATE_PRESETS: dict[str, dict[str, str]] = {
     "pcl_reasoner_v1_5": {
         "system_prompt": (

@@ -2,7 +2,7 @@
 
 The hub datasets name their fields differently; each source maps them to Problem rows
 (`id`, `problem`, `answer`). Local files are mapped by what they contain: `problem`,
-`prompt` (the ../shared AIME files) or `question` (GSM8K, AMC), or by `--field ours=theirs`;
+`prompt` (AIME files as the tests read them) or `question` (GSM8K, AMC), or by `--field ours=theirs`;
 GSM8K's worked `answer` is cut to the number after `####`, Minerva's `solution` to its last
 `\\boxed{}`.
 """

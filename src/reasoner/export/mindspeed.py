@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasoner.config import SFTConfig
+from reasoner.config import OfflineConfig, SFTConfig
 from reasoner.errors import ConfigError, InputError
 
 RELEASE = "MindSpeed-LLM 2.2.0 (Megatron-LM core_v0.12.1, torch_npu 7.2.0, CANN 8.3.RC1)"
@@ -311,13 +312,16 @@ def prepare_data(cfg: SFTConfig, out: Path) -> dict[str, int]:
     return {"rows": kept, f"dropped_over_{limit}_tokens": dropped}
 
 
-def export(cfg: SFTConfig, source: str, out: Path, par: Parallel,
-           train_iters: int | None = None, shape: str | None = None) -> list[Path]:
+def export(make: Callable[..., dict[str, str]], cfg: SFTConfig | OfflineConfig, source: str,
+           out: Path, par: Parallel, train_iters: int | None = None,
+           shape: str | None = None) -> list[Path]:
+    """Write the scripts `make` gives for `cfg` into `out`, executable: `make` is this module's
+    `scripts` for an SFT config, `mindspeed_opg.scripts` for a train-offline one."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in scripts(cfg, source, par, train_iters or cfg.run.max_steps,
-                              shape=shape).items():
+    for name, text in make(cfg, source, par, train_iters or cfg.run.max_steps,
+                           shape=shape).items():
         path = out / name
         path.write_text(text)
         path.chmod(0o755)

@@ -239,17 +239,3 @@ def _write_rows(cfg: OfflineConfig, tmp: Path, counts: dict[str, int], limit: in
                                 ensure_ascii=False) + "\n")
             counts["rows"] += 1
             counts["positive" if reward else "negative"] += 1
-
-
-def export(cfg: OfflineConfig, source: str, out: Path, par: Parallel,
-           train_iters: int | None = None, shape: str | None = None) -> list[Path]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in scripts(cfg, source, par, train_iters or cfg.run.max_steps,
-                              shape=shape).items():
-        path = out / name
-        path.write_text(text)
-        path.chmod(0o755)
-        written.append(path)
-    return written

@@ -55,6 +55,11 @@ class Generator(Protocol):
         """One completion per request, in request order (all of `stream`, reordered)."""
         ...
 
+    def engine_info(self) -> dict[str, str]:
+        """What generated: backend, engine and version, dtype, device; infer writes it into its
+        manifest and an eval report names it (`Streaming` gives a default)."""
+        ...
+
     def close(self) -> None:
         """Release the model (and its memory)."""
         ...

@@ -80,7 +80,7 @@ def engine_env(engine: VLLMConfig, on_cpu: bool) -> dict[str, str]:
     run in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`; vLLM's CPU platform then keeps its
     one-process executor): by default each would be a new process that imports torch and vLLM
     again. Measured on a slow 2-core Xeon: engine start 6.3 -> 2.2 minutes, a whole stage
-    764 -> 327 s, the same 96 samples token for token (README, Tests). On a GPU vLLM's separate
+    764 -> 327 s, the same 96 samples token for token (docs/testing.md). On a GPU vLLM's separate
     engine process overlaps scheduling with the model's steps: left as it is."""
     if on_cpu and engine.tensor_parallel_size == 1:
         return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -90,7 +90,7 @@ def test_shared_benchmark_files_read_through_the_pcl_infer_config(name, first_an
 
     from reasoner.infer import load_problems
 
-    raw = shared_eval_rows(name)  # skips with the reason when ../shared is absent
+    raw = shared_eval_rows(name)  # skips with the reason when it is absent
     cfg = load(InferConfig, REPO / "configs/pcl_reasoner_v1_5/infer.yaml",
                [f"data={{path: {SHARED_EVAL / name}}}"])
     rows = load_problems(cfg)

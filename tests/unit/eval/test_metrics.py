@@ -86,7 +86,7 @@ def test_aime_loaders_read_shared_files(name, tmp_path):
     from reasoner.eval.benchmarks import load_problems, local
     from reasoner.verify.rules import VerifierPool
 
-    shared_eval_rows(name)  # skips with the reason when ../shared is absent
+    shared_eval_rows(name)  # skips with the reason when it is absent
     problems = load_problems([local(SHARED_EVAL / name)])
     assert len(problems) == 30 and len({p["id"] for p in problems}) == 30
     assert all(isinstance(p["answer"], str) and p["answer"].isdigit() for p in problems)

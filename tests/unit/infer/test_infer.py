@@ -104,7 +104,7 @@ def test_bad_inputs(tmp_path, synth_dir, tiny_model_dir):
     empty.write_text("")
     with pytest.raises(ValueError, match="no problems"):
         infer.run(cfg_for(synth_dir, tiny_model_dir, tmp_path / "o", data__path=str(empty)))
-    mapped = tmp_path / "mapped.jsonl"  # the ../shared eval files use prompt/answer; ids are made
+    mapped = tmp_path / "mapped.jsonl"  # the local eval files use prompt/answer; ids are made
     mapped.write_text('{"id": 1, "question": "Mia has 3 apples.", "answer": 3}\n'
                       '{"id": 2, "question": "' + "Mia has 3 apples. " * 60 + '", "answer": 4}\n')
     out = infer.run(quiet(cfg_for(synth_dir, tiny_model_dir, tmp_path / "long", data__path=str(mapped),
@@ -350,3 +350,21 @@ def test_the_completion_check_holds_one_sample_at_a_time(tmp_path, monkeypatch):
     assert finished == {"problems": 50, "samples": 200, "mean_response_tokens": sum(lengths) / 200,
                         "max_response_tokens": 6, "truncation_rate": 0.1, "prompt_too_long": 0,
                         "token_entropy": 0.5}
+
+
+def test_every_backend_implements_the_whole_generator_protocol():
+    """infer, eval and the judge call every method of `Generator` on whatever backend they get
+    (`engine_info` on every one: infer writes it into its manifest), so each backend class has
+    them all."""
+    import inspect
+
+    from reasoner.infer.base import Generator
+    from reasoner.infer.hf import HFGenerator
+    from reasoner.infer.raygen import RayGenerator
+    from reasoner.infer.server import ServerGenerator
+    from reasoner.infer.vllm import VLLMGenerator
+
+    methods = {n for n, v in vars(Generator).items() if inspect.isfunction(v) and not n.startswith("_")}
+    assert {"stream", "generate", "engine_info", "close"} <= methods
+    for backend in (HFGenerator, VLLMGenerator, ServerGenerator, RayGenerator):
+        assert not [m for m in methods if not callable(getattr(backend, m, None))], backend
