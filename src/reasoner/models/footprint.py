@@ -47,36 +47,80 @@ def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkp
     `tokens`: this process's tokens of one micro-batch (`TrainerConfig.micro_batch_tokens`).
     `adapters`: LoRA's parameter count (0: the whole model trains); the base is then held in
     the compute dtype with no gradient or optimiser state, the adapters as fp32 masters with
-    their gradients and AdamW moments, and a layer is gathered without a whole-layer gradient."""
-    sharded = devices > 1
-    rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
-    gathered = dtype_bytes * (2 * s.hidden + (2 if adapters else 3) * s.layer_params)
-    if dtype_bytes < 4 and not adapters:  # a layer's half gradient is cast to fp32 for its
-        gathered += 4 * s.layer_params     # reduce-scatter
-    weights = ({"frozen base": dtype_bytes * s.params / devices,
-                "adapters+grads+adam fp32": 16 * adapters / devices} if adapters
-               else {"weights+grads+adam fp32": 16 * s.params / devices})
-    out = {
-        **weights,
-        # the root FSDP unit (the final norm) stays gathered through forward and backward;
-        # layers: current + prefetched + gradient
-        "gathered root + 3 layers": gathered if sharded else 0.0,
-        # one chunk of one process's tokens against this device's rows of the vocabulary (all
-        # of them when the lm-head is an FSDP2 unit of its own)
-        "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * rows,
-    }
-    if sharded and vocab_layout == "fsdp":
-        # backward of the gathered lm-head (`logprobs._ChunkedLogprobs`): the weight and its
-        # gradient in the compute dtype, and below fp32 also an fp32 copy and fp32 gradient sum
-        # (bf16: 2 + 4 + 4 + 2 bytes per element; fp32: 4 + 4)
-        out["gathered lm-head"] = s.vocab * s.hidden * (2 * dtype_bytes
-                                                        + (8 if dtype_bytes < 4 else 0))
+    their gradients and AdamW moments, and a layer is gathered without a whole-layer gradient.
+    Sharded over several devices, the lines are the rehearsal's categories at its peak
+    (`sharded_bytes`)."""
+    if devices > 1:
+        return sharded_bytes(s, devices, tokens, dtype_bytes, checkpointing, logprob_chunk,
+                             extra_models, vocab_layout, adapters)
+    weights = ({"frozen base": dtype_bytes * s.params,
+                "adapters+grads+adam fp32": 16 * adapters} if adapters
+               else {"weights+grads+adam fp32": 16 * s.params})
+    out = {**weights, "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * s.vocab}
     per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
     if checkpointing:
-        out["activations"] = (s.layers * tokens * s.hidden
-                              * residual_bytes(dtype_bytes, devices, adapters > 0) + 2 * per_layer)
+        out["activations"] = (s.layers * tokens * s.hidden * residual_bytes(dtype_bytes, 1,
+                                                                            adapters > 0)
+                              + 2 * per_layer)
     else:
         out["activations"] = s.layers * per_layer
+    if extra_models:
+        out["reference / token RM"] = extra_models * s.params
+    return out
+
+
+# Elements per token a decoder layer keeps for its backward without checkpointing, in hidden
+# sizes beyond its MLP's 4 x intermediate and its key / value projections: 10 (measured by the
+# rehearsal of Qwen2.5-32B, bf16: 327,900 bytes a token a layer)
+LAYER_HIDDEN_COPIES = 10
+# Hidden-sized tensors of a micro-batch held besides one per decoder layer under checkpointing
+# (the embedding's output, the final norm's input and output, the selected hidden states):
+# measured by the rehearsal (0.49 GiB at 12,800 tokens of Qwen2.5-32B)
+EXTRA_HIDDEN = 4
+
+
+def sharded_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
+                  logprob_chunk: int, extra_models: float = 0, vocab_layout: str = "vocab-parallel",
+                  adapters: int = 0) -> dict[str, float]:
+    """Bytes per device of one FSDP2 training process at its peak, in the rehearsal's
+    categories (pipeline/rehearsal.py, torch's FSDPMemTracker): fp32 weight and gradient shards,
+    AdamW's two moments, what is gathered, the collective buffers, activations and the
+    temporaries of the lm-head's backward.
+
+    With the lm-head an FSDP2 unit of its own (`fsdp`), the peak is its backward, the first of
+    the step: the head gathered in the compute dtype, the next layer's all-gather buffer, and
+    `logprobs._ChunkedLogprobs`' temporaries: below fp32 an fp32 copy of the head and its fp32
+    gradient sum (8 bytes x vocab x hidden), and for a chunk of tokens its logits, their softmax
+    and its gradient (12 bytes x chunk x vocab). Vocabulary-parallel, each device's rows only,
+    a decoder layer gathered with the next one prefetched and the last one's fp32 gradient
+    reduce-scattering (not rehearsed yet: the vocabulary-parallel embedding reads data-shaped
+    counts, see docs/hardware.md)."""
+    trained = adapters or s.params
+    half = dtype_bytes < 4
+    out = {"weight shards": ((dtype_bytes * s.params + 4 * adapters) if adapters
+                             else 4 * s.params) / devices,
+           "gradient shards": 4 * trained / devices,
+           "AdamW state": 8 * trained / devices}
+    chunk = min(logprob_chunk, tokens)
+    if vocab_layout == "fsdp":
+        out["gathered weights"] = dtype_bytes * (s.vocab * s.hidden + 2 * s.hidden)
+        out["collective buffers"] = dtype_bytes * s.layer_params
+        head_copy = 8 if half and not adapters else (4 if not adapters else 0)
+        out["temporaries"] = head_copy * s.vocab * s.hidden + 12 * chunk * s.vocab
+    else:
+        rows = math.ceil(s.vocab / devices)
+        out["gathered weights"] = dtype_bytes * (2 * s.hidden + s.layer_params)
+        out["collective buffers"] = dtype_bytes * s.layer_params + (
+            4 * s.layer_params if half and not adapters else 0)
+        out["temporaries"] = 12 * chunk * rows
+    res = residual_bytes(dtype_bytes, devices, adapters > 0)
+    if checkpointing:
+        out["activations"] = (s.layers + EXTRA_HIDDEN) * tokens * s.hidden * res
+    else:
+        kv = s.kv_heads * s.head_dim
+        per_token = LAYER_HIDDEN_COPIES * s.hidden + 2 * kv + 4 * s.intermediate
+        out["activations"] = (s.layers * per_token * dtype_bytes
+                              + EXTRA_HIDDEN * s.hidden * res) * tokens
     if extra_models:  # a resident reference (weights only: 4 B/param; with LoRA a second
         # adapter set) or token RM (trained: 16 B/param)
         out["reference / token RM"] = extra_models * s.params / devices

@@ -1,0 +1,450 @@
+"""`reasoner plan RECIPE --rehearse`: each training stage's own step run at the recipe's shapes
+and world size on fake tensors, its memory per process measured, beside the plan's arithmetic.
+
+One process stands for rank 0 of `devices`: a fake process group of the real world size (its
+sequence-parallel groups real), the model built on the meta device from its config and sharded
+by the loader's own code (`models.fsdp.build_sharded`: FSDP2 units, vocabulary layout, mixed
+precision), the trainer's state from `training.start` (optimiser, fp16 loss scaler, gradient
+checkpointing), and then, under torch's FakeTensorMode, two optimiser steps of two micro-batches
+each through the trainer's own functions: sft's `step_loss` or train-offline's `MicroStep`
+(forward, loss, backward) and the loop's `unscale_and_clip`, then the optimiser's step, as
+`training.optimizer_step` applies a finite gradient. Each micro-batch is one row of the recipe's
+longest samples (`seq_len` tokens). torch's `FSDPMemTracker` counts every tensor by category;
+the peak is the second step's (the first has no optimiser state yet). Attention on a GPU or NPU
+runs through a stand-in of its kernel (models/stand_ins.py) that holds what the kernel holds.
+
+What a rehearsal cannot see: the CUDA / CANN context, NCCL / HCCL buffers, cuBLAS and attention
+workspaces, the allocator's fragmentation (the plan's 10% margin stands for them: `plan.MARGIN`),
+nor kernel speed (time per step comes from its FLOPs at an assumed MFU and its collectives'
+bytes at an assumed link bandwidth).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reasoner.config import OfflineConfig, TrainerConfig
+from reasoner.models.shapes import KNOWN
+
+GIB = 2**30
+STEPS, MICRO_BATCHES = 2, 2  # optimiser steps rehearsed, micro-batches (rows) in each
+PROMPT = 512  # prompt tokens of a rehearsed sample (the rest of its row is response)
+# the tracker's categories under the plan's lines (models.footprint.sharded_bytes)
+LINES = {"weight shards": ("Sharded Param", "Buffer"), "gradient shards": ("Sharded Grad",),
+         "AdamW state": ("OptState",), "gathered weights": ("Unsharded Param", "Unsharded Grad"),
+         "collective buffers": ("All Gather", "Reduce Scatter"),
+         "temporaries": ("Temp",), "activations": ("Activation", "Inputs")}
+# Assumed bandwidth of one device's link to the other nodes, GB/s each way (64 devices span 8
+# nodes: FSDP2's collectives cross them): one 400 Gb/s NIC per GPU (H100 / H200 / A100 HGX),
+# one 200 Gb/s RoCE port per Ascend 910B; collectives not overlapped with compute (an upper
+# bound on the step)
+LINK_GBPS = {"h100": 50.0, "h200": 50.0, "gpu": 50.0, "a100": 25.0, "910b": 25.0, "npu": 25.0}
+
+
+@dataclass
+class Rehearsal:
+    """One training stage rehearsed: bytes per process at the peak, by category, and where."""
+
+    stage: str
+    devices: int
+    config: TrainerConfig  # the stage's config as rehearsed (rows, vocabulary layout)
+    shape: Any  # the model's shapes as built (models.shapes.Shape; fewer layers when reduced)
+    row_tokens: int  # tokens of each micro-batch's row (before sequence parallelism)
+    peak: dict[str, float]  # bytes by category at the peak
+    by_kind: dict[str, float]  # bytes by the tracker's own categories at the peak
+    where: str  # the phase and module at the peak
+    load: float  # bytes after loading (the sharded weights), before any step
+    flops: float = 0.0  # FLOPs of one optimiser step on this process
+    collectives: dict[str, float] = field(default_factory=dict)  # bytes per step, by collective
+    wall_s: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.peak.values())
+
+
+def kernel_of(kind: str) -> str | None:
+    """The attention stand-in a device kind's trainer runs: flash-attn's varlen kernel on CUDA
+    kinds, torch_npu's fused attention on Ascend; None on a CPU (sdpa runs for real)."""
+    from reasoner.pipeline.plan import NPU_KINDS
+
+    if kind == "cpu":
+        return None
+    return "npu-fusion" if kind in NPU_KINDS else "flash-varlen"
+
+
+def model_config(source: str, layers: int | None = None) -> Any:
+    """The transformers config of `source` (a local folder's config.json or a known shape),
+    with `layers` decoder layers when given."""
+    from transformers import AutoConfig
+
+    path = Path(source)
+    if (path / "config.json").exists():
+        config = AutoConfig.from_pretrained(path)
+    elif source in KNOWN:
+        known = dict(KNOWN[source])
+        config = AutoConfig.for_model(known.pop("model_type", "qwen2"), **known)
+    else:
+        from reasoner.models.shapes import shape_of
+
+        shape_of(source)  # says what it cannot find
+        raise AssertionError(source)
+    if layers is not None:
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:layers]
+    return config
+
+
+def fake_world(devices: int, sp: int) -> Any:
+    """A fake process group of `devices` ranks, this process rank 0, its sequence-parallel group
+    of `sp` consecutive ranks made; the `DistInfo` the trainer reads."""
+    import torch.distributed as tdist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from reasoner.device import DistInfo
+
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+    tdist.init_process_group("fake", rank=0, world_size=devices, store=FakeStore())
+    group = None
+    if sp > 1:
+        for first in range(0, devices, sp):
+            made = tdist.new_group(list(range(first, first + sp)))
+            group = made if first == 0 else group
+    return DistInfo(0, devices, 0, sp, group)
+
+
+def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str,
+             layers: int | None = None, row_tokens: int | None = None) -> Rehearsal:
+    """Rehearse training stage `name` (`cfg`, the model of `source`) on `devices` processes of
+    `kind` (see the module docstring); `layers` and `row_tokens` shrink it (a test's)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from reasoner import training
+    from reasoner.device import Env
+    from reasoner.models import sequence_parallel, stand_ins
+    from reasoner.models.fsdp import build_sharded, materialise
+    from reasoner.models.logprobs import PolicyLogprobs
+    from reasoner.models.sequence_parallel import SequenceGroup
+    from reasoner.models.shapes import shape_from_config, shape_of
+    from reasoner.models.vocab_layout import VocabSplit, choose_vocab_layout
+    from reasoner.pipeline.plan import _dtype_bytes, device_mem_gib, resident_bytes
+
+    began = time.perf_counter()
+    row = row_tokens or cfg.row_tokens
+    dtype_bytes = _dtype_bytes(cfg, kind)
+    # the layout the recipe itself runs with (a reduced rehearsal keeps it)
+    whole = shape_of(source)
+    layout = choose_vocab_layout(cfg, whole, devices, device_mem_gib(kind), dtype_bytes,
+                                 resident_bytes(cfg, whole) if isinstance(cfg, OfflineConfig)
+                                 else 0.0)
+    cfg = rehearsed_config(cfg, row, layout if devices > 1 else "auto")
+    dist = fake_world(devices, cfg.run.sequence_parallel)
+    dtype = torch.float32 if dtype_bytes == 4 else (
+        torch.float16 if cfg.model.dtype == "float16" else torch.bfloat16)
+    env = Env(torch.device("cpu"), dist, dtype)
+    config = model_config(source, layers)
+    shape = shape_from_config(config.to_dict())
+    vocab = VocabSplit(layout, cfg.micro_batch_tokens, chosen=cfg.run.vocab_layout == "auto")
+    kernel = kernel_of(kind)
+    sp = SequenceGroup.of(dist)
+    temperature = cfg.objective.logprob_temperature if isinstance(cfg, OfflineConfig) else 1.0
+    with ExitStack() as stack:
+        impl = stack.enter_context(stand_ins.standing_in(kernel)) if kernel else "sdpa"
+        attn = sequence_parallel.enable(sp, impl) if sp.on else impl
+        # transformers refuses to build a flash model without flash-attn installed: built with
+        # sdpa, then switched to the stand-in (the attention layers read the config per call)
+        mcfg = cfg.model.model_copy(update={"attn_implementation": attn if sp.on else "sdpa"})
+        wrapped, model = build_sharded(
+            config, mcfg, lambda m: PolicyLogprobs(m, cfg.run.logprob_chunk, temperature, sp),
+            dtype, vocab)
+        model.config._attn_implementation = attn
+        fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        materialise(wrapped, env.device)
+        loaded = training.Loaded(model, wrapped)
+        out = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        state = training.start(cfg.model_copy(update={"output_dir": str(out)}), env, None,
+                               loaded, STEPS + 1, None, "rehearsal")
+        tracker = _Tracker(wrapped, state.optimizer)
+        load = tracker.held_now()
+        micro = _micro_step(name, cfg, env, state, row)
+
+        def step(each_pass: Any) -> None:
+            """One optimiser step: the micro-batches' passes, then the update."""
+            for _ in range(MICRO_BATCHES):
+                each_pass()  # the tracker's per-module stats take one pass each
+                micro(cfg.optim.loss_scale if state.scaler is not None else 1.0)
+            # DTensor's sharding propagation makes fake gradients of the whole (unsharded) size
+            # for the norm's per-tensor ops: not memory, so not counted (the norms are scalars)
+            tracker.paused = True
+            training.unscale_and_clip(state)
+            tracker.paused = False
+            state.optimizer.step()  # what optimizer_step does with a finite norm
+            if state.scaler is not None:  # update() on a device moves the scale there (a
+                # CPU's reads it): what it clears, cleared
+                state.scaler._per_optimizer_states.clear()
+            state.optimizer.zero_grad(set_to_none=True)
+
+        counter = _Collectives()
+        flops = FlopCounterMode(display=False)
+        with tracker:
+            for _ in range(STEPS):
+                step(tracker.reset_mod_stats)
+        # counted in a step of their own: the flop counter's module hooks keep a layer's
+        # recomputed activations alive through the backward, which the tracker would count
+        before = stand_ins.flops()
+        with flops, counter:
+            step(lambda: None)
+        attention_flops = stand_ins.flops() - before
+        del fake
+    peak = tracker.peak_by_kind()
+    return Rehearsal(name, devices, cfg, shape, row,
+                     {k: sum(peak.get(c, 0.0) for c in cs) for k, cs in LINES.items()},
+                     peak, tracker.where, load,
+                     flops.get_total_flops() + attention_flops,
+                     counter.bytes, time.perf_counter() - began)
+
+
+def rehearsed_config(cfg: TrainerConfig, row: int, layout: str) -> TrainerConfig:
+    """`cfg` as rehearsed: rows of `row` tokens, the vocabulary `layout` of the whole recipe,
+    no metric sinks."""
+    run = cfg.run.model_copy(update={"tracking": [], "progress": False, "vocab_layout": layout})
+    update: dict[str, Any] = {"run": run, "seq_len": row}
+    if cfg.max_tokens > row:
+        update["max_tokens"] = row
+    return cfg.model_copy(update=update)
+
+
+@dataclass
+class _Rows:
+    """Rehearsed samples as both trainers' collators read them (packing.TokenRows): `count`
+    samples of `tokens` tokens, the first PROMPT of each a prompt."""
+
+    count: int
+    tokens: int
+
+    @property
+    def ids(self) -> list[list[int]]:
+        return [[1] * self.tokens for _ in range(self.count)]
+
+    def loss_mask(self, i: int) -> list[bool]:
+        return [False] * PROMPT + [True] * (self.tokens - PROMPT)
+
+
+def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int) -> Any:
+    """A function of the loss scale running the stage's own forward + backward of one
+    micro-batch (a row of one sample of `row` tokens), alternately a positive and a negative
+    sample for train-offline; as `training.accumulate` calls it (the scale over the
+    sequence-parallel group's size)."""
+    from reasoner import sft
+
+    varlen = env.dist.sp_size > 1 or state.model.config._attn_implementation.startswith("flash")
+    share = 1.0 / env.dist.sp_size
+    rows = _Rows(MICRO_BATCHES, row)
+    if not isinstance(cfg, OfflineConfig):
+        denom = float(MICRO_BATCHES * (row - PROMPT))
+        return lambda scale: sft.step_loss(
+            state.policy, sft.collate(rows, [[0]], cfg, 0, varlen), denom, scale * share,
+            env.device, env.dtype)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from reasoner import train_offline
+    from reasoner.rl import objectives
+    from reasoner.rl.rollouts import Batching
+
+    obj = cfg.objective
+    with unset_fake_temporarily():  # host data, read on the host as the trainer reads it
+        data = _rollouts(rows)
+        per_token = [[0.0] * (row - PROMPT) for _ in range(rows.count)]
+        inputs = train_offline.Inputs(
+            objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
+            per_token if obj.reads_behaviour or obj.needs_old_logprobs else None,
+            per_token if obj.needs_reference else None, "rehearsed", {})
+        micro = train_offline.MicroStep(obj, data, inputs,
+                                        Batching.of(cfg, 0, varlen), env)
+    counts = objectives.GlobalCounts(samples=rows.count, tokens=rows.count * (row - PROMPT),
+                                     pos_tokens=row - PROMPT)
+    calls = iter(range(10**9))
+    return lambda scale: micro(state.policy, [[next(calls) % rows.count]], counts,
+                               scale * share)
+
+
+def _rollouts(rows: _Rows) -> Any:
+    """`rows` as a verified rollout set of one group: a positive sample and a negative."""
+    import torch
+
+    from reasoner.rl.rollouts import Rollouts
+
+    n = rows.count
+    rewards = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(n)])
+    return Rollouts([("rehearsal", i) for i in range(n)], rows.ids, [PROMPT] * n, rewards,
+                    torch.zeros(n, dtype=torch.long), torch.full((n,), 0.5),
+                    torch.full((n,), float(rows.tokens - PROMPT)), torch.ones(n, dtype=torch.bool),
+                    None, 0)
+
+
+def _tracker_class() -> type:
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class Tracker(FSDPMemTracker):
+        """torch's FSDPMemTracker, also saying where its peak was: the phase (forward,
+        backward, optimiser) and the innermost module running."""
+
+        where = ""
+        paused = False
+
+        def _track(self, reftype: Any, t: Any) -> None:
+            if not self.paused:
+                super()._track(reftype, t)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            if self._peak_mem != before:
+                phase = ("optimiser" if getattr(self, "_in_opt", False) else
+                         "backward" if self._mod_tracker.is_bw else "forward")
+                inner = max(self._mod_tracker.parents, key=lambda m: m.count("."), default="")
+                self.where = f"{phase}, {inner}"
+
+        def held_now(self) -> float:
+            """Bytes held by the tracked parameters, buffers and optimiser state right now."""
+            import torch
+
+            seen: set = set()
+            total = 0
+            tensors = [*self._root_mod.parameters(), *self._root_mod.buffers()]
+            for t in tensors:
+                local = t.to_local() if hasattr(t, "to_local") else t
+                st = local.untyped_storage()
+                if id(st) not in seen and isinstance(local, torch.Tensor):
+                    seen.add(id(st))
+                    total += st.nbytes()
+            return float(total)
+
+        def peak_by_kind(self) -> dict[str, float]:
+            snap = self.get_tracker_snapshot("peak")
+            dev_snap = max(snap.values(), key=lambda s: s.get("Total", 0))
+            return {getattr(k, "value", str(k)): float(v) for k, v in dev_snap.items()
+                    if k != "Total"}
+
+    return Tracker
+
+
+def _Tracker(module: Any, optimizer: Any) -> Any:
+    return _tracker_class()(module, optimizer)
+
+
+class _Collectives:
+    """A dispatch mode adding up the bytes of each collective: an all-gather's output, a
+    reduce-scatter's input, an all-to-all's and an all-reduce's tensor."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, float] = {}
+        self._mode: Any = None
+
+    def __enter__(self) -> _Collectives:
+        from torch.distributed._tools.fake_collectives import collective_ops
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        owner = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in collective_ops:
+                    owner.add(func.overloadpacket.__name__, args)
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+    def add(self, name: str, args: tuple) -> None:
+        import torch
+
+        def size(x: Any) -> int:
+            if isinstance(x, torch.Tensor):
+                return x.numel() * x.element_size()
+            if isinstance(x, (list, tuple)):
+                return sum(size(y) for y in x)
+            return 0
+
+        # the tensor that crosses the link: the larger of the op's first two tensor arguments
+        moved = max((size(a) for a in args[:2]), default=0)
+        if name == "wait_tensor":  # waits on a collective counted when it was issued
+            return
+        key = name.strip("_").removesuffix("_")
+        self.bytes[key] = self.bytes.get(key, 0.0) + moved
+
+
+def compare(r: Rehearsal, kind: str) -> list[tuple[str, float, float]]:
+    """(line, the plan's bytes, the rehearsal's bytes) for each line of the plan's arithmetic
+    at the rehearsed shapes (`models.footprint.training_bytes`), then the total."""
+    from reasoner.models.footprint import training_bytes
+    from reasoner.pipeline.plan import _dtype_bytes, resident_bytes
+
+    cfg = r.config
+    lora = cfg.model.lora
+    adapters = r.shape.lora_params(lora.r, lora.target_modules) if lora is not None else 0
+    extra = resident_bytes(cfg, r.shape) if isinstance(cfg, OfflineConfig) else 0.0
+    plan = training_bytes(r.shape, r.devices, cfg.micro_batch_tokens, _dtype_bytes(cfg, kind),
+                          cfg.run.gradient_checkpointing, cfg.run.logprob_chunk, extra,
+                          cfg.run.vocab_layout, adapters)
+    rows = [(line, plan.get(line, 0.0), r.peak.get(line, 0.0))
+            for line in dict.fromkeys([*plan, *r.peak])]
+    return rows + [("total", sum(plan.values()), r.total)]
+
+
+def step_seconds(r: Rehearsal, kind: str, mfu: float, tflops: float | None = None
+                 ) -> tuple[float, float, int]:
+    """(compute s, collective s, micro-batches) of one optimiser step of the recipe on this
+    process: its micro-batches (the global batch's rows over the data-parallel groups, each as
+    long as the rehearsed one) at the rehearsal's FLOPs and bytes per micro-batch, at `mfu` of
+    the kind's peak and the link's bandwidth."""
+    from reasoner.pipeline.plan import PEAK_TFLOPS
+
+    cfg = r.config
+    micro = -(-cfg.run.global_batch // (r.devices // cfg.run.sequence_parallel))
+    micro = -(-micro // cfg.run.micro_batch)
+    per_micro = r.flops / MICRO_BATCHES
+    compute = micro * per_micro / ((tflops or PEAK_TFLOPS[kind]) * 1e12 * mfu)
+    moved = sum(r.collectives.values()) / MICRO_BATCHES * (r.devices - 1) / r.devices
+    return compute, micro * moved / (LINK_GBPS.get(kind, 25.0) * 1e9), micro
+
+
+def report(r: Rehearsal, kind: str, mfu: float, tflops: float | None = None) -> list[str]:
+    """What `reasoner plan --rehearse` prints of a rehearsal: the plan's lines beside it, where
+    its peak was, its loading, FLOPs, bytes and time per step, with the assumptions."""
+    from reasoner.pipeline.plan import MARGIN, PEAK_TFLOPS
+
+    head = (f"{r.stage}: rehearsed on {r.devices} fake processes ({r.shape.layers} layers, rows "
+            f"of {r.row_tokens:,} tokens, sequence parallel {r.config.run.sequence_parallel}, "
+            f"vocab {r.config.run.vocab_layout}) in {r.wall_s:.0f} s")
+    out = [head, f"  {'line':<20} {'plan GiB':>9} {'rehearsed':>10} {'plan/rehearsed':>15}"]
+    for line, plan, seen in compare(r, kind):
+        ratio = f"{plan / seen:.2f}" if seen else "-"
+        out.append(f"  {line:<20} {plan / GIB:9.2f} {seen / GIB:10.2f} {ratio:>15}")
+    compute, comm, micro = step_seconds(r, kind, mfu, tflops)
+    peak = tflops or PEAK_TFLOPS[kind]
+    moved = ", ".join(f"{k} {v / MICRO_BATCHES / 1e9:.1f}" for k, v in sorted(r.collectives.items())
+                      if v)
+    out += [f"  peak in {r.where}; need {MARGIN * r.total / GIB:.1f} GiB with the plan's "
+            f"{MARGIN - 1:.0%} margin (context, communication buffers, workspaces, "
+            "fragmentation: what the tracker cannot see)",
+            f"  loading: {r.load / GIB:.2f} GiB (the weight shards, before the first step)",
+            f"  per micro-batch: {r.flops / MICRO_BATCHES / 1e12:,.0f} TFLOP; collectives (GB): "
+            f"{moved}",
+            f"  time per step: {micro} micro-batches: {compute:.0f} s of compute at {peak:g} "
+            f"TFLOP/s x MFU {mfu:g} + {comm:.0f} s of collectives at "
+            f"{LINK_GBPS.get(kind, 25.0):g} GB/s a device (assumed, not overlapped)"]
+    return out
