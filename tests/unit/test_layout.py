@@ -30,6 +30,8 @@ HOMES = {
     "reasoner.models.load": "unit/models/test_models.py",
     "reasoner.models.tiny": "unit/models/test_models.py",
     "reasoner.models.lm_head": "unit/models/test_logprobs.py",
+    "reasoner.models.stand_ins": "unit/pipeline/test_rehearsal.py",
+    "reasoner.pipeline.rehearsal_report": "unit/pipeline/test_rehearsal.py",
     "reasoner.training.loop": "unit/training/test_training.py",
     "reasoner.training.schedule": "unit/training/test_training.py",
     "reasoner.training.policy": "unit/training/test_training.py",

@@ -238,13 +238,13 @@ def plan_recipe(
         for line in ([sp.vocab] if sp.vocab else []) + sp.notes:
             results().print(f"{sp.name}: {line}", soft_wrap=True, markup=False)  # [flash]
     if rehearse:
-        from reasoner.pipeline import rehearsal
+        from reasoner.pipeline import rehearsal, rehearsal_report
 
         for sp in plans:
             if sp.config is not None and layout == "fsdp":
                 found = run_stage("plan", lambda sp=sp: rehearsal.rehearse(
                     sp.name, sp.config, sp.model, devices, kind))
-                for line in rehearsal.report(found, kind, mfu, tflops):
+                for line in rehearsal_report.report(found, kind, mfu, tflops):
                     results().print(line, soft_wrap=True, markup=False)
     done("plan")
     if not all(sp.fits for sp in plans):

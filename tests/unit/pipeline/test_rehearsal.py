@@ -1,0 +1,108 @@
+"""The rehearsal at reduced depth: PCL-Reasoner-V1.5's own training steps at Qwen2.5-32B's real
+widths on 64 fake processes, 2 decoder layers, rows of 8,192 tokens (a few seconds each), and
+the plan held to it line by line (issue 52). The full-scale rehearsals are
+`scripts/bench_rehearsal.py`'s (minutes each)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reasoner.config import OfflineConfig, SFTConfig
+from reasoner.models import footprint
+from reasoner.pipeline import rehearsal, rehearsal_report
+
+REPO = Path(__file__).resolve().parents[3]
+PCL = REPO / "configs" / "pcl_reasoner_v1_5"
+MODEL = "Qwen/Qwen2.5-32B"
+LAYERS, ROW = 2, 8192
+
+
+def stage_config(stage: str):
+    if stage == "sft":
+        return SFTConfig.model_validate(yaml.safe_load((PCL / "sft.yaml").read_text()))
+    return OfflineConfig.model_validate(yaml.safe_load((PCL / "train_offline.yaml").read_text()))
+
+
+_done: dict = {}
+
+
+def rehearsed(stage: str, kind: str) -> rehearsal.Rehearsal:
+    """One reduced rehearsal per (stage, kind) for the whole module (each runs the step 3x)."""
+    if (stage, kind) not in _done:
+        _done[stage, kind] = rehearsal.rehearse(stage, stage_config(stage), MODEL, 64, kind,
+                                                LAYERS, ROW)
+    return _done[stage, kind]
+
+
+CASES = [("sft", "h100"), ("train-offline", "h100"), ("train-offline", "910b")]
+
+
+@pytest.mark.parametrize("stage, kind", CASES)
+def test_the_plan_is_the_rehearsal_line_by_line_at_reduced_depth(stage, kind):
+    """Each plan line within 10% of what the tracker saw at the peak, the total too; the peak
+    is the lm-head's backward (its fp32 copy and gradient sum, a chunk of logits), where the
+    gathered lm-head, the next layer's all-gather buffer and every checkpointed input are
+    held."""
+    r = rehearsed(stage, kind)
+    rows = rehearsal_report.compare(r, kind)
+    assert [line for line, _, _ in rows] == [*rehearsal.LINES, "total"]
+    assert rehearsal_report.mismatched(rows) == []
+    assert r.where == "backward, FSDPPolicyLogprobs.model.lm_head"
+    assert r.config.run.vocab_layout == "fsdp"  # what the whole recipe runs with at 64 devices
+    assert r.shape.layers == LAYERS and r.shape.hidden == 5120  # real widths, reduced depth
+    assert r.load == pytest.approx(r.peak["weight shards"])  # the shards, before a step
+
+
+@pytest.mark.parametrize("stage, kind", CASES)
+@pytest.mark.parametrize("line", list(rehearsal.LINES))
+def test_any_plan_line_moved_by_20_percent_is_caught(monkeypatch, stage, kind, line):
+    """The check above fails when one line of the plan's arithmetic moves by 20% either way."""
+    r = rehearsed(stage, kind)
+    real = footprint.sharded_bytes
+    for factor in (1.2, 0.8):
+        def moved(*args, factor=factor, **kwargs):
+            parts = real(*args, **kwargs)
+            return {**parts, line: parts[line] * factor}
+
+        monkeypatch.setattr(footprint, "sharded_bytes", moved)
+        off = rehearsal_report.mismatched(rehearsal_report.compare(r, kind))
+        assert any(said.startswith(f"{line}:") for said in off), (line, factor, off)
+
+
+def test_the_rehearsal_runs_the_trainers_own_step_and_the_kernels_stand_in(monkeypatch):
+    """sft's `step_loss` is what runs, once per micro-batch of every step (2 measured, 1
+    counted), the update through the loop's `unscale_and_clip`; attention through the flash
+    varlen stand-in (its FLOPs counted), and every collective's bytes counted."""
+    from reasoner import sft, training
+    from reasoner.models import stand_ins
+
+    calls = {"step_loss": 0, "unscale_and_clip": 0, "attention": 0}
+    for module, name in ((sft, "step_loss"), (training, "unscale_and_clip")):
+        def counted(*args, real=getattr(module, name), name=name, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    real_attention = stand_ins.attention
+
+    def attention(kernel):
+        inner = real_attention(kernel)
+
+        def forward(*args, **kwargs):
+            calls["attention"] += 1
+            return inner(*args, **kwargs)
+        return forward
+
+    monkeypatch.setattr(stand_ins, "attention", attention)
+    r = rehearsal.rehearse("sft", stage_config("sft"), MODEL, 64, "h100", LAYERS, ROW)
+    steps = rehearsal.STEPS + 1
+    assert calls["step_loss"] == steps * rehearsal.MICRO_BATCHES
+    assert calls["unscale_and_clip"] == steps
+    # each layer's attention once forward, once more recomputed in backward (checkpointing)
+    assert calls["attention"] == steps * rehearsal.MICRO_BATCHES * LAYERS * 2
+    # 6 x (params but the embedding's) x target tokens at least (the flop counter sees the
+    # matmuls; the recompute and attention come on top)
+    matmuls = r.shape.params - r.shape.vocab * r.shape.hidden
+    assert r.flops > 6 * matmuls * (ROW - rehearsal.PROMPT) * rehearsal.MICRO_BATCHES
+    assert r.collectives["allgather_base"] > 0 and r.collectives["reduce_scatter_base"] > 0
