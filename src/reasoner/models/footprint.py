@@ -87,44 +87,69 @@ def sharded_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpo
     AdamW's two moments, what is gathered, the collective buffers, activations and the
     temporaries of the lm-head's backward.
 
-    With the lm-head an FSDP2 unit of its own (`fsdp`), the peak is its backward, the first of
-    the step: the head gathered in the compute dtype, the next layer's all-gather buffer, and
-    `logprobs._ChunkedLogprobs`' temporaries: below fp32 an fp32 copy of the head and its fp32
-    gradient sum (8 bytes x vocab x hidden), and for a chunk of tokens its logits, their softmax
-    and its gradient (12 bytes x chunk x vocab). Vocabulary-parallel, each device's rows only,
-    a decoder layer gathered with the next one prefetched and the last one's fp32 gradient
-    reduce-scattering (not rehearsed yet: the vocabulary-parallel embedding reads data-shaped
-    counts, see docs/hardware.md)."""
+    The peak is the larger of two moments of the backward. The lm-head's, first: with the head
+    an FSDP2 unit of its own (`fsdp`), the head gathered in the compute dtype, the next layer's
+    all-gather buffer, and `logprobs._ChunkedLogprobs`' temporaries: below fp32 an fp32 copy of
+    the head and its fp32 gradient sum (8 bytes x vocab x hidden), and for a chunk of tokens its
+    logits, their softmax and its gradient (12 bytes x chunk x vocab). Then the last decoder
+    layer's (`_first_layer_backward`), larger with many tokens per process (sft's 32K rows).
+    Vocabulary-parallel, each device's rows only (not rehearsed yet: the vocabulary-parallel
+    embedding reads data-shaped counts, see docs/hardware.md)."""
     trained = adapters or s.params
-    half = dtype_bytes < 4
     out = {"weight shards": ((dtype_bytes * s.params + 4 * adapters) if adapters
                              else 4 * s.params) / devices,
            "gradient shards": 4 * trained / devices,
            "AdamW state": 8 * trained / devices}
-    chunk = min(logprob_chunk, tokens)
-    if vocab_layout == "fsdp":
-        out["gathered weights"] = dtype_bytes * (s.vocab * s.hidden + 2 * s.hidden)
-        out["collective buffers"] = dtype_bytes * s.layer_params
-        head_copy = 8 if half and not adapters else (4 if not adapters else 0)
-        out["temporaries"] = head_copy * s.vocab * s.hidden + 12 * chunk * s.vocab
-    else:
-        rows = math.ceil(s.vocab / devices)
-        out["gathered weights"] = dtype_bytes * (2 * s.hidden + s.layer_params)
-        out["collective buffers"] = dtype_bytes * s.layer_params + (
-            4 * s.layer_params if half and not adapters else 0)
-        out["temporaries"] = 12 * chunk * rows
+    moments = [_lm_head_backward(s, devices, tokens, dtype_bytes, logprob_chunk, vocab_layout,
+                                 adapters),
+               _first_layer_backward(s, tokens, dtype_bytes, vocab_layout, adapters)]
     res = residual_bytes(dtype_bytes, devices, adapters > 0)
-    if checkpointing:
-        out["activations"] = (s.layers + EXTRA_HIDDEN) * tokens * s.hidden * res
-    else:
-        kv = s.kv_heads * s.head_dim
-        per_token = LAYER_HIDDEN_COPIES * s.hidden + 2 * kv + 4 * s.intermediate
-        out["activations"] = (s.layers * per_token * dtype_bytes
-                              + EXTRA_HIDDEN * s.hidden * res) * tokens
+    if checkpointing:  # every layer's input, and at the lm-head 4 more hidden-sized tensors
+        moments[0]["activations"] = (s.layers + EXTRA_HIDDEN) * tokens * s.hidden * res
+        moments[1]["activations"] = s.layers * tokens * s.hidden * res
+    else:  # every layer's saved tensors (the first layer's backward: its own are temporaries)
+        moments[0]["activations"] = (s.layers * _layer_elements(s) * dtype_bytes
+                                     + EXTRA_HIDDEN * s.hidden * res) * tokens
+        moments[1]["activations"] = s.layers * _layer_elements(s) * dtype_bytes * tokens
+        moments[1]["temporaries"] -= _layer_elements(s) * dtype_bytes * tokens
+    out.update(max(moments, key=lambda m: sum(m.values())))
     if extra_models:  # a resident reference (weights only: 4 B/param; with LoRA a second
         # adapter set) or token RM (trained: 16 B/param)
         out["reference / token RM"] = extra_models * s.params / devices
     return out
+
+
+def _layer_elements(s: Shape) -> int:
+    """Elements per token a decoder layer keeps for its backward (no checkpointing)."""
+    return LAYER_HIDDEN_COPIES * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate
+
+
+def _lm_head_backward(s: Shape, devices: int, tokens: int, dtype_bytes: int, chunk: int,
+                      vocab_layout: str, adapters: int) -> dict[str, float]:
+    """The first moment of the backward: the lm-head's (see `sharded_bytes`)."""
+    chunk = min(chunk, tokens)
+    if vocab_layout != "fsdp":
+        half = dtype_bytes < 4 and not adapters
+        return {"gathered weights": dtype_bytes * (2 * s.hidden + s.layer_params),
+                "collective buffers": dtype_bytes * s.layer_params + 4 * s.layer_params * half,
+                "temporaries": 12 * chunk * math.ceil(s.vocab / devices)}
+    head_copy = 0 if adapters else (8 if dtype_bytes < 4 else 4)
+    return {"gathered weights": dtype_bytes * (s.vocab * s.hidden + 2 * s.hidden),
+            "collective buffers": dtype_bytes * s.layer_params,
+            "temporaries": head_copy * s.vocab * s.hidden + 12 * chunk * s.vocab}
+
+
+def _first_layer_backward(s: Shape, tokens: int, dtype_bytes: int, vocab_layout: str,
+                          adapters: int) -> dict[str, float]:
+    """The next moment: the last decoder layer's backward, its activations recomputed and its
+    gradients' temporaries held (12 hidden sizes, 6 intermediate sizes and the key / value
+    projections a token, as rehearsed), gathered, the next layer's all-gather buffer beside it,
+    and an FSDP2 lm-head's fp32 gradient still reduce-scattering."""
+    kv = 2 * s.kv_heads * s.head_dim
+    head_grad = 4 * s.vocab * s.hidden if vocab_layout == "fsdp" and not adapters else 0
+    return {"gathered weights": dtype_bytes * (2 * s.hidden + s.layer_params),
+            "collective buffers": dtype_bytes * s.layer_params + head_grad,
+            "temporaries": (12 * s.hidden + kv + 6 * s.intermediate) * dtype_bytes * tokens}
 
 
 def packed_mask_bytes(micro_batch: int, row_tokens: int, sequence_parallel: int = 1,

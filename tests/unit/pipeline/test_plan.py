@@ -49,14 +49,16 @@ def test_the_mindspeed_layout_of_train_offline_is_the_forks_one_sample_micro_bat
 
 
 def test_without_sequence_parallelism_the_advice_names_it_and_nothing_already_on():
-    """One process per row: train-offline's activations (33.2 GiB) do not shrink with the
-    devices; on 48 GiB devices they do not fit. The plan says which run.sequence_parallel
-    fits, and never to turn on gradient checkpointing, which the recipe already has on."""
+    """One process per row: train-offline's activations (31.2 GiB: every layer's input of
+    51,200 tokens) do not shrink with the devices, and the last layer's backward recomputes one
+    layer of them (21.9 GiB of temporaries). The plan says which run.sequence_parallel fits,
+    and never to turn on gradient checkpointing, which the recipe already has on."""
     rl = {p.name: p for p in plan.plan_recipe(
-        PCL, 64, 48.0, "910b", overrides=["train-offline.run.sequence_parallel=1"])}
+        PCL, 64, 64.0, "910b", overrides=["train-offline.run.sequence_parallel=1"])}
     verdict = rl["train-offline"].verdict
     assert not rl["train-offline"].fits
-    assert rl["train-offline"].parts["activations"] == pytest.approx(33.2, abs=0.05)
+    assert rl["train-offline"].parts["activations"] == pytest.approx(
+        64 * 51_200 * 5120 * 2 / 2**30)
     assert verdict.startswith("does not fit: set run.sequence_parallel=2 (then 43.3 GiB")
     assert "gradient_checkpointing" not in verdict and "mindspeed" not in verdict
 
@@ -124,21 +126,20 @@ def test_the_plan_chooses_the_vocab_layout_moving_fewer_bytes_among_those_that_f
     embedding and lm-head move every process's activations to every other, 171.8 GB per
     micro-batch per device (268.5 GB for train-offline's 51K rows), as FSDP2 units of their own
     12.3 GB, whatever the number of processes. On 80 GiB devices the plan (and a run's `auto`)
-    takes the FSDP2 units, and so it does on 64 GiB NPUs (48.4 GiB: the gathered lm-head and
-    its backward hold 14.3 GiB as rehearsed, where the plan once counted 15.7); on 48 GiB
-    devices SFT fits only vocab-parallel (the gathered lm-head and its backward's whole-vocabulary
-    temporaries cost 12.5 GiB more), so it keeps that."""
+    takes the FSDP2 units, and so it does on 64 GiB NPUs (51.0 GiB, as rehearsed: the plan once
+    counted 15.7 GiB for the gathered lm-head and its logits chunks, 20% more than the
+    rehearsal holds); on 48 GiB devices SFT fits only vocab-parallel, so it keeps that."""
     roomy = {p.name: p for p in plan.plan_recipe(PCL, 64, 80.0, "gpu")}
     assert roomy["sft"].fits
     assert roomy["sft"].vocab == "vocab fsdp: 12.3 GB / micro-batch (vocab-parallel 171.8 GB)"
-    head = 2 * 152_064 * 5120 / 2**30  # the gathered bf16 lm-head
-    assert roomy["sft"].parts["gathered weights"] > head
+    head = 4 * 152_064 * 5120 / 2**30  # the FSDP2 lm-head's fp32 gradient, reduce-scattering
+    assert roomy["sft"].parts["collective buffers"] > head
     npu = {p.name: p for p in plan.plan_recipe(PCL, 64, 64.0, "npu")}
     assert npu["sft"].fits and npu["sft"].vocab.startswith("vocab fsdp")
     tight = {p.name: p for p in plan.plan_recipe(PCL, 64, 48.0, "npu")}
     assert tight["sft"].fits
     assert tight["sft"].vocab == "vocab vocab-parallel: 171.8 GB / micro-batch (fsdp 12.3 GB)"
-    assert tight["sft"].parts["gathered weights"] < head
+    assert tight["sft"].parts["collective buffers"] < head
     # asked for explicitly, it is used even where it does not fit, and the plan says so
     forced = {p.name: p for p in plan.plan_recipe(PCL, 64, 48.0, "npu",
                                                   overrides=["sft.run.vocab_layout=fsdp"])}
