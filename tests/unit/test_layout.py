@@ -32,6 +32,7 @@ HOMES = {
     "reasoner.models.lm_head": "unit/models/test_logprobs.py",
     "reasoner.models.stand_ins": "unit/pipeline/test_rehearsal.py",
     "reasoner.pipeline.rehearsal_report": "unit/pipeline/test_rehearsal.py",
+    "reasoner.pipeline.rehearsal_tracking": "unit/pipeline/test_rehearsal.py",
     "reasoner.training.loop": "unit/training/test_training.py",
     "reasoner.training.schedule": "unit/training/test_training.py",
     "reasoner.training.policy": "unit/training/test_training.py",

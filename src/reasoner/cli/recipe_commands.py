@@ -241,11 +241,17 @@ def plan_recipe(
         from reasoner.pipeline import rehearsal, rehearsal_report
 
         for sp in plans:
-            if sp.config is not None and layout == "fsdp":
-                found = run_stage("plan", lambda sp=sp: rehearsal.rehearse(
-                    sp.name, sp.config, sp.model, devices, kind))
-                for line in rehearsal_report.report(found, kind, mfu, tflops):
-                    results().print(line, soft_wrap=True, markup=False)
+            if sp.config is None or layout != "fsdp":
+                continue
+            why = rehearsal.not_rehearsed(sp.config, devices, rehearsal.recipe_layout(
+                sp.config, sp.model, devices, kind))
+            if why:
+                results().print(f"{sp.name}: not rehearsed: {why}", soft_wrap=True, markup=False)
+                continue
+            found = run_stage("plan", lambda sp=sp: rehearsal.rehearse(
+                sp.name, sp.config, sp.model, devices, kind))
+            for line in rehearsal_report.report(found, kind, mfu, tflops):
+                results().print(line, soft_wrap=True, markup=False)
     done("plan")
     if not all(sp.fits for sp in plans):
         raise typer.Exit(1)

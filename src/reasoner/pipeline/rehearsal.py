@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from reasoner.config import OfflineConfig, TrainerConfig
+from reasoner.errors import ConfigError
 from reasoner.models.shapes import KNOWN
 
 GIB = 2**30
@@ -120,6 +121,35 @@ def _leave_world() -> None:
         tdist.destroy_process_group()
 
 
+def recipe_layout(cfg: TrainerConfig, source: str, devices: int, kind: str) -> str:
+    """The vocabulary layout the stage runs with on `devices` of `kind` (what its `auto` picks
+    there: `models.vocab_layout.choose_vocab_layout`); a reduced rehearsal keeps it."""
+    from reasoner.models.shapes import shape_of
+    from reasoner.models.vocab_layout import choose_vocab_layout
+    from reasoner.pipeline.plan import _dtype_bytes, device_mem_gib, resident_bytes
+
+    whole = shape_of(source)
+    extra = resident_bytes(cfg, whole) if isinstance(cfg, OfflineConfig) else 0.0
+    return choose_vocab_layout(cfg, whole, devices, device_mem_gib(kind), _dtype_bytes(cfg, kind),
+                               extra)
+
+
+def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
+    """Why this stage cannot be rehearsed yet ("" when it can)."""
+    if devices < 2:
+        return ("one process trains without FSDP2, which the memory tracker needs (rehearse "
+                "the stage on 2 or more devices)")
+    if layout != "fsdp":
+        return (f"run.vocab_layout {layout}: the vocabulary-parallel embedding gathers every "
+                "process's token count and selects rows by a mask (data-dependent host reads)")
+    if isinstance(cfg, OfflineConfig) and (cfg.objective.uses_token_rm or cfg.reference
+                                           or cfg.objective.resident_reference):
+        return "a reference model or OREAL's token RM beside the policy (not built yet)"
+    if cfg.model.lora is not None:
+        return "LoRA adapters (not built yet)"
+    return ""
+
+
 def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str,
              layers: int | None = None, row_tokens: int | None = None) -> Rehearsal:
     """Rehearse training stage `name` (`cfg`, the model of `source`) on `devices` processes of
@@ -134,19 +164,19 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     from reasoner.models.fsdp import build_sharded, materialise
     from reasoner.models.logprobs import PolicyLogprobs
     from reasoner.models.sequence_parallel import SequenceGroup
-    from reasoner.models.shapes import shape_from_config, shape_of
-    from reasoner.models.vocab_layout import VocabSplit, choose_vocab_layout
-    from reasoner.pipeline.plan import _dtype_bytes, device_mem_gib, resident_bytes
+    from reasoner.models.shapes import shape_from_config
+    from reasoner.models.vocab_layout import VocabSplit
+    from reasoner.pipeline import rehearsal_tracking
+    from reasoner.pipeline.plan import _dtype_bytes
 
     began = time.perf_counter()
     row = row_tokens or cfg.row_tokens
     dtype_bytes = _dtype_bytes(cfg, kind)
-    # the layout the recipe itself runs with (a reduced rehearsal keeps it)
-    whole = shape_of(source)
-    layout = choose_vocab_layout(cfg, whole, devices, device_mem_gib(kind), dtype_bytes,
-                                 resident_bytes(cfg, whole) if isinstance(cfg, OfflineConfig)
-                                 else 0.0)
-    cfg = rehearsed_config(cfg, row, layout if devices > 1 else "auto")
+    layout = recipe_layout(cfg, source, devices, kind)
+    refused = not_rehearsed(cfg, devices, layout)
+    if refused:
+        raise ConfigError(f"stage {name}: not rehearsed: {refused}")
+    cfg = rehearsed_config(cfg, row, layout)
     dist = fake_world(devices, cfg.run.sequence_parallel)
     dtype = torch.float32 if dtype_bytes == 4 else (
         torch.float16 if cfg.model.dtype == "float16" else torch.bfloat16)
@@ -174,7 +204,7 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
         out = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         state = training.start(cfg.model_copy(update={"output_dir": str(out)}), env, None,
                                loaded, STEPS + 1, None, "rehearsal")
-        tracker = _Tracker(wrapped, state.optimizer)
+        tracker = rehearsal_tracking.tracker(wrapped, state.optimizer)
         load = tracker.held_now()
         micro = _micro_step(name, cfg, env, state, row)
 
@@ -194,7 +224,7 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
                 state.scaler._per_optimizer_states.clear()
             state.optimizer.zero_grad(set_to_none=True)
 
-        counter = _Collectives()
+        counter = rehearsal_tracking.Collectives()
         flops = FlopCounterMode(display=False)
         with tracker:
             for _ in range(STEPS):
@@ -290,101 +320,3 @@ def _rollouts(rows: _Rows) -> Any:
                     torch.zeros(n, dtype=torch.long), torch.full((n,), 0.5),
                     torch.full((n,), float(rows.tokens - PROMPT)), torch.ones(n, dtype=torch.bool),
                     None, 0)
-
-
-def _tracker_class() -> type:
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    class Tracker(FSDPMemTracker):
-        """torch's FSDPMemTracker, also saying where its peak was: the phase (forward,
-        backward, optimiser) and the innermost module running."""
-
-        where = ""
-        paused = False
-
-        def _track(self, reftype: Any, t: Any) -> None:
-            if not self.paused:
-                super()._track(reftype, t)
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            before = dict(self._peak_mem)
-            super()._update_peak_stats(peak_state)
-            if self._peak_mem != before:
-                phase = ("optimiser" if getattr(self, "_in_opt", False) else
-                         "backward" if self._mod_tracker.is_bw else "forward")
-                inner = max(self._mod_tracker.parents, key=lambda m: m.count("."), default="")
-                self.where = f"{phase}, {inner}"
-
-        def held_now(self) -> float:
-            """Bytes held by the tracked parameters, buffers and optimiser state right now."""
-            import torch
-
-            seen: set = set()
-            total = 0
-            tensors = [*self._root_mod.parameters(), *self._root_mod.buffers()]
-            for t in tensors:
-                local = t.to_local() if hasattr(t, "to_local") else t
-                st = local.untyped_storage()
-                if id(st) not in seen and isinstance(local, torch.Tensor):
-                    seen.add(id(st))
-                    total += st.nbytes()
-            return float(total)
-
-        def peak_by_kind(self) -> dict[str, float]:
-            snap = self.get_tracker_snapshot("peak")
-            dev_snap = max(snap.values(), key=lambda s: s.get("Total", 0))
-            return {getattr(k, "value", str(k)): float(v) for k, v in dev_snap.items()
-                    if k != "Total"}
-
-    return Tracker
-
-
-def _Tracker(module: Any, optimizer: Any) -> Any:
-    return _tracker_class()(module, optimizer)
-
-
-class _Collectives:
-    """A dispatch mode adding up the bytes of each collective: an all-gather's output, a
-    reduce-scatter's input, an all-to-all's and an all-reduce's tensor."""
-
-    def __init__(self) -> None:
-        self.bytes: dict[str, float] = {}
-        self._mode: Any = None
-
-    def __enter__(self) -> _Collectives:
-        from torch.distributed._tools.fake_collectives import collective_ops
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        owner = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func in collective_ops:
-                    owner.add(func.overloadpacket.__name__, args)
-                return func(*args, **(kwargs or {}))
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
-
-    def add(self, name: str, args: tuple) -> None:
-        import torch
-
-        def size(x: Any) -> int:
-            if isinstance(x, torch.Tensor):
-                return x.numel() * x.element_size()
-            if isinstance(x, (list, tuple)):
-                return sum(size(y) for y in x)
-            return 0
-
-        # the tensor that crosses the link: the larger of the op's first two tensor arguments
-        moved = max((size(a) for a in args[:2]), default=0)
-        if name == "wait_tensor":  # waits on a collective counted when it was issued
-            return
-        key = name.strip("_").removesuffix("_")
-        self.bytes[key] = self.bytes.get(key, 0.0) + moved
-
-

@@ -110,3 +110,20 @@ def test_the_rehearsal_runs_the_trainers_own_step_and_the_kernels_stand_in(monke
     matmuls = r.shape.params - r.shape.vocab * r.shape.hidden
     assert r.flops > 6 * matmuls * (ROW - rehearsal.PROMPT) * rehearsal.MICRO_BATCHES
     assert r.collectives["allgather_base"] > 0 and r.collectives["reduce_scatter_base"] > 0
+
+
+def test_what_cannot_be_rehearsed_yet_is_said_not_run():
+    """One process (no FSDP2 to track), a vocabulary-parallel layout (data-dependent reads in its
+    embedding), and models beside the policy are refused with the reason, before any work; the
+    CLI prints the reason in the stage's place."""
+    sft_cfg = stage_config("sft")
+    assert "one process" in rehearsal.not_rehearsed(sft_cfg, 1, "whole")
+    tight = rehearsal.recipe_layout(sft_cfg, MODEL, 64, "npu")  # 64 GiB: the FSDP2 units fit
+    assert tight == "fsdp" and rehearsal.not_rehearsed(sft_cfg, 64, tight) == ""
+    assert "vocabulary-parallel" in rehearsal.not_rehearsed(sft_cfg, 64, "vocab-parallel")
+    oreal = stage_config("train-offline").model_copy(update={"objective": OfflineConfig.model_validate(
+        {**yaml.safe_load((PCL / "train_offline.yaml").read_text()),
+         "objective": {"name": "oreal"}}).objective})
+    assert "token RM" in rehearsal.not_rehearsed(oreal, 64, "fsdp")
+    with pytest.raises(Exception, match="not rehearsed: one process"):
+        rehearsal.rehearse("sft", sft_cfg, MODEL, 1, "h100", LAYERS, ROW)
