@@ -235,7 +235,7 @@ def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
     layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
     parts = training_bytes(shape, devices, tokens, dtype_bytes, cfg.run.gradient_checkpointing,
                            cfg.run.logprob_chunk, extra, layout if devices > 1 else "whole",
-                           adapters)
+                           adapters, shape.lora_inputs(lora.target_modules) if lora else 0)
     vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
     # train-offline's fixed reference is loaded and scored while the policy is held
     anchor = frozen_bytes(shape, devices, dtype_bytes) if _anchor(cfg) else 0.0

@@ -40,6 +40,12 @@ LINES = {"weight shards": ("Sharded Param", "Buffer"), "gradient shards": ("Shar
          "AdamW state": ("OptState",), "gathered weights": ("Unsharded Param", "Unsharded Grad"),
          "collective buffers": ("All Gather", "Reduce Scatter"),
          "temporaries": ("Temp",), "activations": ("Activation", "Inputs")}
+# ... and MemTracker's for one process, which holds the whole model (models.footprint)
+LINES_WHOLE = {"weights": ("Parameter", "Buffer"), "gradients": ("Gradient",),
+               "AdamW state": ("Optstate",), "temporaries": ("Temp",),
+               "activations": ("Activation", "Other")}
+
+
 @dataclass
 class Rehearsal:
     """One training stage rehearsed: bytes per process at the peak, by category, and where."""
@@ -136,17 +142,14 @@ def recipe_layout(cfg: TrainerConfig, source: str, devices: int, kind: str) -> s
 
 def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
     """Why this stage cannot be rehearsed yet ("" when it can)."""
-    if devices < 2:
-        return ("one process trains without FSDP2, which the memory tracker needs (rehearse "
-                "the stage on 2 or more devices)")
-    if layout != "fsdp":
+    if devices > 1 and layout != "fsdp":
         return (f"run.vocab_layout {layout}: the vocabulary-parallel embedding gathers every "
                 "process's token count and selects rows by a mask (data-dependent host reads)")
     if isinstance(cfg, OfflineConfig) and (cfg.objective.uses_token_rm or cfg.reference
                                            or cfg.objective.resident_reference):
         return "a reference model or OREAL's token RM beside the policy (not built yet)"
-    if cfg.model.lora is not None:
-        return "LoRA adapters (not built yet)"
+    if cfg.model.lora is not None and devices > 1:
+        return "LoRA adapters on several processes (not built yet)"
     return ""
 
 
@@ -155,17 +158,11 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     """Rehearse training stage `name` (`cfg`, the model of `source`) on `devices` processes of
     `kind` (see the module docstring); `layers` and `row_tokens` shrink it (a test's)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     from reasoner import training
-    from reasoner.device import Env
-    from reasoner.models import sequence_parallel, stand_ins
-    from reasoner.models.fsdp import build_sharded, materialise
-    from reasoner.models.logprobs import PolicyLogprobs
-    from reasoner.models.sequence_parallel import SequenceGroup
-    from reasoner.models.shapes import shape_from_config
-    from reasoner.models.vocab_layout import VocabSplit
+    from reasoner.device import DistInfo, Env
+    from reasoner.models import stand_ins
     from reasoner.pipeline import rehearsal_tracking
     from reasoner.pipeline.plan import _dtype_bytes
 
@@ -176,35 +173,18 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     refused = not_rehearsed(cfg, devices, layout)
     if refused:
         raise ConfigError(f"stage {name}: not rehearsed: {refused}")
-    cfg = rehearsed_config(cfg, row, layout)
-    dist = fake_world(devices, cfg.run.sequence_parallel)
+    cfg = rehearsed_config(cfg, row, layout if devices > 1 else "auto")
+    dist = fake_world(devices, cfg.run.sequence_parallel) if devices > 1 else DistInfo()
     dtype = torch.float32 if dtype_bytes == 4 else (
         torch.float16 if cfg.model.dtype == "float16" else torch.bfloat16)
     env = Env(torch.device("cpu"), dist, dtype)
-    config = model_config(source, layers)
-    shape = shape_from_config(config.to_dict())
-    vocab = VocabSplit(layout, cfg.micro_batch_tokens, chosen=cfg.run.vocab_layout == "auto")
-    kernel = kernel_of(kind)
-    sp = SequenceGroup.of(dist)
-    temperature = cfg.objective.logprob_temperature if isinstance(cfg, OfflineConfig) else 1.0
     with ExitStack() as stack:
         stack.callback(_leave_world)
-        impl = stack.enter_context(stand_ins.standing_in(kernel)) if kernel else "sdpa"
-        attn = sequence_parallel.enable(sp, impl) if sp.on else impl
-        # transformers refuses to build a flash model without flash-attn installed: built with
-        # sdpa, then switched to the stand-in (the attention layers read the config per call)
-        mcfg = cfg.model.model_copy(update={"attn_implementation": attn if sp.on else "sdpa"})
-        wrapped, model = build_sharded(
-            config, mcfg, lambda m: PolicyLogprobs(m, cfg.run.logprob_chunk, temperature, sp),
-            dtype, vocab)
-        model.config._attn_implementation = attn
-        fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        materialise(wrapped, env.device)
-        loaded = training.Loaded(model, wrapped)
+        loaded, shape = _build(stack, cfg, source, env, kind, layers, layout)
         out = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         state = training.start(cfg.model_copy(update={"output_dir": str(out)}), env, None,
                                loaded, STEPS + 1, None, "rehearsal")
-        tracker = rehearsal_tracking.tracker(wrapped, state.optimizer)
+        tracker = rehearsal_tracking.tracker(loaded.policy, state.optimizer)
         load = tracker.held_now()
         micro = _micro_step(name, cfg, env, state, row)
 
@@ -213,16 +193,7 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
             for _ in range(MICRO_BATCHES):
                 each_pass()  # the tracker's per-module stats take one pass each
                 micro(cfg.optim.loss_scale if state.scaler is not None else 1.0)
-            # DTensor's sharding propagation makes fake gradients of the whole (unsharded) size
-            # for the norm's per-tensor ops: not memory, so not counted (the norms are scalars)
-            tracker.paused = True
-            training.unscale_and_clip(state)
-            tracker.paused = False
-            state.optimizer.step()  # what optimizer_step does with a finite norm
-            if state.scaler is not None:  # update() on a device moves the scale there (a
-                # CPU's reads it): what it clears, cleared
-                state.scaler._per_optimizer_states.clear()
-            state.optimizer.zero_grad(set_to_none=True)
+            _update(state, tracker)
 
         counter = rehearsal_tracking.Collectives()
         flops = FlopCounterMode(display=False)
@@ -235,13 +206,90 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
         with flops, counter:
             step(lambda: None)
         attention_flops = stand_ins.flops() - before
-        del fake
     peak = tracker.peak_by_kind()
+    lines = LINES if devices > 1 else LINES_WHOLE
     return Rehearsal(name, devices, cfg, shape, row,
-                     {k: sum(peak.get(c, 0.0) for c in cs) for k, cs in LINES.items()},
-                     peak, tracker.where, load,
-                     flops.get_total_flops() + attention_flops,
+                     {k: sum(peak.get(c, 0.0) for c in cs) for k, cs in lines.items()},
+                     peak, tracker.where, load, flops.get_total_flops() + attention_flops,
                      counter.bytes, time.perf_counter() - began)
+
+
+def _build(stack: ExitStack, cfg: TrainerConfig, source: str, env: Any, kind: str,
+           layers: int | None, layout: str) -> tuple[Any, Any]:
+    """(training.Loaded, its shape): the stage's model as its trainer loads it, on fake
+    tensors for the rest of `stack`: built on meta (`layers` decoder layers), sharded by the
+    loader's own code over several processes, attention through the kind's kernel stand-in
+    (and the Ulysses attention around it under sequence parallelism)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from reasoner import training
+    from reasoner.models import sequence_parallel, stand_ins
+    from reasoner.models.fsdp import build_sharded, materialise
+    from reasoner.models.logprobs import PolicyLogprobs
+    from reasoner.models.sequence_parallel import SequenceGroup
+    from reasoner.models.shapes import shape_from_config
+    from reasoner.models.vocab_layout import VocabSplit
+
+    config = model_config(source, layers)
+    sp = SequenceGroup.of(env.dist)
+    kernel = kernel_of(kind)
+    temperature = cfg.objective.logprob_temperature if isinstance(cfg, OfflineConfig) else 1.0
+    impl = stack.enter_context(stand_ins.standing_in(kernel)) if kernel else "sdpa"
+    attn = sequence_parallel.enable(sp, impl) if sp.on else impl
+    # transformers refuses to build a flash model without flash-attn installed: built with
+    # sdpa, then switched to the stand-in (the attention layers read the config per call)
+    mcfg = cfg.model.model_copy(update={"attn_implementation": attn if sp.on else "sdpa"})
+
+    def wrap(m: Any) -> Any:
+        return PolicyLogprobs(m, cfg.run.logprob_chunk, temperature, sp)
+
+    if env.dist.world_size > 1:
+        vocab = VocabSplit(layout, cfg.micro_batch_tokens, chosen=cfg.run.vocab_layout == "auto")
+        wrapped, model = build_sharded(config, mcfg, wrap, env.dtype, vocab)
+    else:
+        wrapped, model = _whole(config, cfg, env.dtype, wrap)
+    stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+    materialise(wrapped, env.device)
+    if env.dist.world_size == 1:
+        model.tie_weights()  # to_empty gave a tied head storage of its own
+    model.config._attn_implementation = attn
+    return training.Loaded(model, wrapped), shape_from_config(config.to_dict())
+
+
+def _update(state: Any, tracker: Any) -> None:
+    """The update of a step with a finite gradient norm, as `training.optimizer_step` applies
+    it: unscale (fp16) and clip, the optimiser's step, gradients dropped."""
+    from reasoner import training
+
+    # DTensor's sharding propagation makes fake gradients of the whole (unsharded) size for
+    # the norm's per-tensor ops: not memory, so not counted (the norms are scalars)
+    tracker.paused = True
+    training.unscale_and_clip(state)
+    tracker.paused = False
+    state.optimizer.step()
+    if state.scaler is not None:  # update() on a device moves the scale there (a CPU's reads
+        # it): what it clears, cleared
+        state.scaler._per_optimizer_states.clear()
+    state.optimizer.zero_grad(set_to_none=True)
+
+
+def _whole(config: Any, cfg: TrainerConfig, dtype: Any, wrap: Any) -> tuple[Any, Any]:
+    """(`wrap(model)`, model) on the meta device as one process loads it
+    (`training.load_wrapped`): fp32 master weights, or a LoRA base in the training dtype with
+    fp32 adapters (`lora.inject`); `fsdp.materialise` then gives it (fake) storage."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from reasoner.models import lora
+
+    held = dtype if cfg.model.lora is not None else torch.float32
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=held, attn_implementation="sdpa")
+    model.tie_weights()
+    if cfg.model.lora is not None:
+        lora.inject(model, cfg.model.lora, meta=True, base_dtype=dtype)
+    return wrap(model), model
 
 
 def rehearsed_config(cfg: TrainerConfig, row: int, layout: str) -> TrainerConfig:

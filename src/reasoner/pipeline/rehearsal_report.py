@@ -36,7 +36,8 @@ def compare(r: Rehearsal, kind: str) -> list[tuple[str, float, float]]:
     extra = resident_bytes(cfg, r.shape) if isinstance(cfg, OfflineConfig) else 0.0
     plan = training_bytes(r.shape, r.devices, cfg.micro_batch_tokens, _dtype_bytes(cfg, kind),
                           cfg.run.gradient_checkpointing, cfg.run.logprob_chunk, extra,
-                          cfg.run.vocab_layout, adapters)
+                          cfg.run.vocab_layout if r.devices > 1 else "whole", adapters,
+                          r.shape.lora_inputs(lora.target_modules) if lora is not None else 0)
     rows = [(line, plan.get(line, 0.0), r.peak.get(line, 0.0))
             for line in dict.fromkeys([*plan, *r.peak])]
     return rows + [("total", sum(plan.values()), r.total)]
@@ -51,7 +52,10 @@ def step_seconds(r: Rehearsal, kind: str, mfu: float, tflops: float | None = Non
     from reasoner.pipeline.plan import PEAK_TFLOPS
 
     cfg = r.config
-    micro = -(-cfg.run.global_batch // (r.devices // cfg.run.sequence_parallel))
+    rows = cfg.run.global_batch  # sft: rows; train-offline: samples, packed into rows
+    if isinstance(cfg, OfflineConfig) and cfg.packing:  # at most max_tokens each
+        rows = -(-rows // max(1, cfg.seq_len // cfg.max_tokens))
+    micro = -(-rows // (r.devices // cfg.run.sequence_parallel))
     micro = -(-micro // cfg.run.micro_batch)
     per_micro = r.flops / MICRO_BATCHES
     compute = micro * per_micro / ((tflops or PEAK_TFLOPS[kind]) * 1e12 * mfu)
@@ -78,7 +82,7 @@ def report(r: Rehearsal, kind: str, mfu: float, tflops: float | None = None) -> 
     out += [f"  peak in {r.where}; need {MARGIN * r.total / GIB:.1f} GiB with the plan's "
             f"{MARGIN - 1:.0%} margin (context, communication buffers, workspaces, "
             "fragmentation: what the tracker cannot see)",
-            f"  loading: {r.load / GIB:.2f} GiB (the weight shards, before the first step)",
+            f"  loading: {r.load / GIB:.2f} GiB (the weights as loaded, before the first step)",
             f"  per micro-batch: {r.flops / MICRO_BATCHES / 1e12:,.0f} TFLOP; collectives (GB): "
             f"{moved}",
             f"  time per step: {micro} micro-batches: {compute:.0f} s of compute at {peak:g} "

@@ -6,15 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def _tracker_class() -> type:
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    class Tracker(FSDPMemTracker):
-        """torch's FSDPMemTracker, also saying where its peak was: the phase (forward,
-        backward, optimiser) and the innermost module running."""
+def _tracker_class(base: type) -> type:
+    class Tracker(base):
+        """torch's memory tracker (`base`), also saying where its peak was: the phase (forward,
+        backward, optimiser) and the innermost module running; `paused`, it counts nothing."""
 
         where = ""
         paused = False
+        module: Any = None
 
         def _track(self, reftype: Any, t: Any) -> None:
             if not self.paused:
@@ -30,13 +29,12 @@ def _tracker_class() -> type:
                 self.where = f"{phase}, {inner}"
 
         def held_now(self) -> float:
-            """Bytes held by the tracked parameters, buffers and optimiser state right now."""
+            """Bytes held by the module's parameters and buffers (this process's shards)."""
             import torch
 
             seen: set = set()
             total = 0
-            tensors = [*self._root_mod.parameters(), *self._root_mod.buffers()]
-            for t in tensors:
+            for t in [*self.module.parameters(), *self.module.buffers()]:
                 local = t.to_local() if hasattr(t, "to_local") else t
                 st = local.untyped_storage()
                 if id(st) not in seen and isinstance(local, torch.Tensor):
@@ -54,8 +52,29 @@ def _tracker_class() -> type:
 
 
 def tracker(module: Any, optimizer: Any) -> Any:
-    """An FSDPMemTracker of `module` (an FSDP2 root) and `optimizer`."""
-    return _tracker_class()(module, optimizer)
+    """A memory tracker of `module` and `optimizer`: FSDPMemTracker for an FSDP2 root, torch's
+    MemTracker (the module and optimizer tracked as external) for a whole model."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(module, FSDPModule):
+        found = _tracker_class(FSDPMemTracker)(module, optimizer)
+    else:
+        found = _tracker_class(MemTracker)()
+        # MemTracker hooks every parameter's gradient, and a frozen one (a LoRA base) refuses
+        # a hook: marked as hooked already, with handles that remove nothing
+        for p in module.parameters():
+            if not p.requires_grad:
+                found._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+        found.track_external(module, optimizer)
+    found.module = module
+    return found
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
 
 
 class Collectives:

@@ -113,11 +113,10 @@ def test_the_rehearsal_runs_the_trainers_own_step_and_the_kernels_stand_in(monke
 
 
 def test_what_cannot_be_rehearsed_yet_is_said_not_run():
-    """One process (no FSDP2 to track), a vocabulary-parallel layout (data-dependent reads in its
-    embedding), and models beside the policy are refused with the reason, before any work; the
+    """A vocabulary-parallel layout (data-dependent reads in its embedding), models beside the
+    policy and LoRA over several processes are refused with the reason, before any work; the
     CLI prints the reason in the stage's place."""
     sft_cfg = stage_config("sft")
-    assert "one process" in rehearsal.not_rehearsed(sft_cfg, 1, "whole")
     tight = rehearsal.recipe_layout(sft_cfg, MODEL, 64, "npu")  # 64 GiB: the FSDP2 units fit
     assert tight == "fsdp" and rehearsal.not_rehearsed(sft_cfg, 64, tight) == ""
     assert "vocabulary-parallel" in rehearsal.not_rehearsed(sft_cfg, 64, "vocab-parallel")
@@ -125,5 +124,30 @@ def test_what_cannot_be_rehearsed_yet_is_said_not_run():
         {**yaml.safe_load((PCL / "train_offline.yaml").read_text()),
          "objective": {"name": "oreal"}}).objective})
     assert "token RM" in rehearsal.not_rehearsed(oreal, 64, "fsdp")
-    with pytest.raises(Exception, match="not rehearsed: one process"):
-        rehearsal.rehearse("sft", sft_cfg, MODEL, 1, "h100", LAYERS, ROW)
+    lora = one_gpu_config("train_offline_lora.yaml", "Qwen/Qwen2.5-7B-Instruct")
+    assert rehearsal.not_rehearsed(lora, 1, "whole") == ""
+    assert "LoRA" in rehearsal.not_rehearsed(lora, 8, "fsdp")
+    with pytest.raises(Exception, match="not rehearsed: run.vocab_layout vocab-parallel"):
+        rehearsal.rehearse("sft", sft_cfg.model_copy(update={"run": sft_cfg.run.model_copy(
+            update={"vocab_layout": "vocab-parallel"})}), MODEL, 64, "h100", LAYERS, ROW)
+
+
+ONE_GPU = REPO / "configs" / "gsm8k_1gpu"
+
+
+def one_gpu_config(name: str, model: str) -> OfflineConfig:
+    raw = yaml.safe_load((ONE_GPU / name).read_text())
+    raw["model"]["name_or_path"] = model
+    return OfflineConfig.model_validate(raw)
+
+
+def test_one_process_is_rehearsed_with_the_whole_model_line_by_line():
+    """The one-GPU recipe's train-offline (Qwen2.5-0.5B widths, 2 layers, its 8,192-token rows)
+    on an L4: one process holds the whole model (fp32 masters under bf16 autocast, no FSDP2),
+    tracked by torch's MemTracker; each of the plan's lines within 10%."""
+    cfg = one_gpu_config("train_offline.yaml", "Qwen/Qwen2.5-0.5B-Instruct")
+    r = rehearsal.rehearse("rl", cfg, "Qwen/Qwen2.5-0.5B-Instruct", 1, "l4", LAYERS)
+    rows = rehearsal_report.compare(r, "l4")
+    assert [line for line, _, _ in rows] == [*rehearsal.LINES_WHOLE, "total"]
+    assert rehearsal_report.mismatched(rows) == []
+    assert r.peak["weights"] == pytest.approx(4 * r.shape.params)  # fp32 masters, whole
