@@ -244,12 +244,12 @@ def plan_recipe(
             if sp.config is None or layout != "fsdp":
                 continue
             why = rehearsal.not_rehearsed(sp.config, devices, rehearsal.recipe_layout(
-                sp.config, sp.model, devices, kind))
+                sp.config, sp.model, devices, kind, mem))
             if why:
                 results().print(f"{sp.name}: not rehearsed: {why}", soft_wrap=True, markup=False)
                 continue
             found = run_stage("plan", lambda sp=sp: rehearsal.rehearse(
-                sp.name, sp.config, sp.model, devices, kind))
+                sp.name, sp.config, sp.model, devices, kind, mem_gib=mem))
             for line in rehearsal_report.report(found, kind, mfu, tflops):
                 results().print(line, soft_wrap=True, markup=False)
     done("plan")

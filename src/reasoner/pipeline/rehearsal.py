@@ -127,17 +127,19 @@ def _leave_world() -> None:
         tdist.destroy_process_group()
 
 
-def recipe_layout(cfg: TrainerConfig, source: str, devices: int, kind: str) -> str:
-    """The vocabulary layout the stage runs with on `devices` of `kind` (what its `auto` picks
-    there: `models.vocab_layout.choose_vocab_layout`); a reduced rehearsal keeps it."""
+def recipe_layout(cfg: TrainerConfig, source: str, devices: int, kind: str,
+                  mem_gib: float | None = None) -> str:
+    """The vocabulary layout the stage runs with on `devices` of `kind` with `mem_gib` each
+    (what its `auto` picks there: `models.vocab_layout.choose_vocab_layout`); a reduced
+    rehearsal keeps it."""
     from reasoner.models.shapes import shape_of
     from reasoner.models.vocab_layout import choose_vocab_layout
     from reasoner.pipeline.plan import _dtype_bytes, device_mem_gib, resident_bytes
 
     whole = shape_of(source)
     extra = resident_bytes(cfg, whole) if isinstance(cfg, OfflineConfig) else 0.0
-    return choose_vocab_layout(cfg, whole, devices, device_mem_gib(kind), _dtype_bytes(cfg, kind),
-                               extra)
+    return choose_vocab_layout(cfg, whole, devices, device_mem_gib(kind, mem_gib),
+                               _dtype_bytes(cfg, kind), extra)
 
 
 def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
@@ -154,9 +156,11 @@ def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
 
 
 def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str,
-             layers: int | None = None, row_tokens: int | None = None) -> Rehearsal:
+             layers: int | None = None, row_tokens: int | None = None,
+             mem_gib: float | None = None) -> Rehearsal:
     """Rehearse training stage `name` (`cfg`, the model of `source`) on `devices` processes of
-    `kind` (see the module docstring); `layers` and `row_tokens` shrink it (a test's)."""
+    `kind` with `mem_gib` each (None: what the kind has; it decides the vocabulary layout, see
+    the module docstring); `layers` and `row_tokens` shrink it (a test's)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -169,7 +173,7 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     began = time.perf_counter()
     row = row_tokens or cfg.row_tokens
     dtype_bytes = _dtype_bytes(cfg, kind)
-    layout = recipe_layout(cfg, source, devices, kind)
+    layout = recipe_layout(cfg, source, devices, kind, mem_gib)
     refused = not_rehearsed(cfg, devices, layout)
     if refused:
         raise ConfigError(f"stage {name}: not rehearsed: {refused}")

@@ -68,7 +68,8 @@ def report(r: Rehearsal, kind: str, mfu: float, tflops: float | None = None) -> 
     its peak was, its loading, FLOPs, bytes and time per step, with the assumptions."""
     from reasoner.pipeline.plan import MARGIN, PEAK_TFLOPS
 
-    head = (f"{r.stage}: rehearsed on {r.devices} fake processes ({r.shape.layers} layers, rows "
+    head = (f"{r.stage}: rehearsed on {r.devices} fake process{'es' if r.devices > 1 else ''} "
+            f"({r.shape.layers} layers, rows "
             f"of {r.row_tokens:,} tokens, sequence parallel {r.config.run.sequence_parallel}, "
             f"vocab {r.config.run.vocab_layout}) in {r.wall_s:.0f} s")
     out = [head, f"  {'line':<20} {'plan GiB':>9} {'rehearsed':>10} {'plan/rehearsed':>15}"]

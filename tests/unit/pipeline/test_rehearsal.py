@@ -151,3 +151,26 @@ def test_one_process_is_rehearsed_with_the_whole_model_line_by_line():
     assert [line for line, _, _ in rows] == [*rehearsal.LINES_WHOLE, "total"]
     assert rehearsal_report.mismatched(rows) == []
     assert r.peak["weights"] == pytest.approx(4 * r.shape.params)  # fp32 masters, whole
+
+
+def test_the_plan_command_prints_each_stage_beside_its_rehearsal(monkeypatch):
+    """`reasoner plan RECIPE --rehearse`: after the plan's table, each training stage's
+    rehearsal (shrunk to 2 layers and 8,192-token rows here), line by line beside the plan,
+    with its peak, loading, FLOPs, bytes and time per step; a stage that cannot be rehearsed
+    says why in its place."""
+    from tests_helpers import reasoner
+
+    real = rehearsal.rehearse
+    monkeypatch.setattr(rehearsal, "rehearse",
+                        lambda *args, **kwargs: real(*args, LAYERS, ROW, **kwargs))
+    out = reasoner("plan", PCL / "recipe.yaml", "--devices", "64", "--kind", "h100",
+                   "--rehearse")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for stage in ("sft", "train-offline"):
+        assert f"{stage}: rehearsed on 64 fake processes ({LAYERS} layers, rows of 8,192" in text
+    assert text.count("  weight shards ") == 2 and "peak in backward" in text
+    assert "TFLOP/s x MFU 0.35" in text and "collectives (GB): allgather_base" in text
+    tight = reasoner("plan", PCL / "recipe.yaml", "--devices", "64", "--kind", "npu",
+                     "--device-mem-gib", "48", "--rehearse")
+    assert "sft: not rehearsed: run.vocab_layout vocab-parallel" in tight.stdout
