@@ -201,6 +201,10 @@ def plan_recipe(
     tp: Annotated[int, typer.Option("--tp", help="mindspeed tensor parallel size")] = 8,
     pp: Annotated[int, typer.Option("--pp", help="mindspeed pipeline parallel size")] = 4,
     mfu: Annotated[float, typer.Option("--mfu", help="assumed model FLOPs utilisation")] = 0.35,
+    rehearse: Annotated[bool, typer.Option(
+        "--rehearse", help="also run each training stage's own step on fake tensors at its "
+                           "real shapes and world size, and print it beside the plan (minutes "
+                           "for a 32B model)")] = False,
 ) -> None:
     """Memory per device and time per step of every stage, before running: fits or not."""
     from reasoner.pipeline import plan
@@ -233,6 +237,21 @@ def plan_recipe(
     for sp in plans:
         for line in ([sp.vocab] if sp.vocab else []) + sp.notes:
             results().print(f"{sp.name}: {line}", soft_wrap=True, markup=False)  # [flash]
+    if rehearse:
+        from reasoner.pipeline import rehearsal, rehearsal_report
+
+        for sp in plans:
+            if sp.config is None or layout != "fsdp":
+                continue
+            why = rehearsal.not_rehearsed(sp.config, devices, rehearsal.recipe_layout(
+                sp.config, sp.model, devices, kind, mem))
+            if why:
+                results().print(f"{sp.name}: not rehearsed: {why}", soft_wrap=True, markup=False)
+                continue
+            found = run_stage("plan", lambda sp=sp: rehearsal.rehearse(
+                sp.name, sp.config, sp.model, devices, kind, mem_gib=mem))
+            for line in rehearsal_report.report(found, kind, mfu, tflops):
+                results().print(line, soft_wrap=True, markup=False)
     done("plan")
     if not all(sp.fits for sp in plans):
         raise typer.Exit(1)

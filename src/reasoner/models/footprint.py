@@ -42,45 +42,144 @@ def residual_bytes(dtype_bytes: int, processes: int, frozen_base: bool = False) 
 
 def training_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
                    logprob_chunk: int, extra_models: float = 0, vocab_layout: str = "vocab-parallel",
-                   adapters: int = 0) -> dict[str, float]:
+                   adapters: int = 0, lora_inputs: int = 0) -> dict[str, float]:
     """Bytes per device of one training process, by component (see the module docstring).
     `tokens`: this process's tokens of one micro-batch (`TrainerConfig.micro_batch_tokens`).
     `adapters`: LoRA's parameter count (0: the whole model trains); the base is then held in
     the compute dtype with no gradient or optimiser state, the adapters as fp32 masters with
-    their gradients and AdamW moments, and a layer is gathered without a whole-layer gradient."""
-    sharded = devices > 1
-    rows = s.vocab if vocab_layout == "fsdp" else math.ceil(s.vocab / devices)
-    gathered = dtype_bytes * (2 * s.hidden + (2 if adapters else 3) * s.layer_params)
-    if dtype_bytes < 4 and not adapters:  # a layer's half gradient is cast to fp32 for its
-        gathered += 4 * s.layer_params     # reduce-scatter
-    weights = ({"frozen base": dtype_bytes * s.params / devices,
-                "adapters+grads+adam fp32": 16 * adapters / devices} if adapters
-               else {"weights+grads+adam fp32": 16 * s.params / devices})
-    out = {
-        **weights,
-        # the root FSDP unit (the final norm) stays gathered through forward and backward;
-        # layers: current + prefetched + gradient
-        "gathered root + 3 layers": gathered if sharded else 0.0,
-        # one chunk of one process's tokens against this device's rows of the vocabulary (all
-        # of them when the lm-head is an FSDP2 unit of its own)
-        "logits chunk": 3 * 4 * min(logprob_chunk, tokens) * rows,
-    }
-    if sharded and vocab_layout == "fsdp":
-        # backward of the gathered lm-head (`logprobs._ChunkedLogprobs`): the weight and its
-        # gradient in the compute dtype, and below fp32 also an fp32 copy and fp32 gradient sum
-        # (bf16: 2 + 4 + 4 + 2 bytes per element; fp32: 4 + 4)
-        out["gathered lm-head"] = s.vocab * s.hidden * (2 * dtype_bytes
-                                                        + (8 if dtype_bytes < 4 else 0))
-    per_layer = s.activation_bytes_per_token(dtype_bytes) * tokens
+    their gradients and AdamW moments, and a layer is gathered without a whole-layer gradient.
+    Sharded over several devices, the lines are the rehearsal's categories at its peak
+    (`sharded_bytes`)."""
+    if devices > 1:
+        return sharded_bytes(s, devices, tokens, dtype_bytes, checkpointing, logprob_chunk,
+                             extra_models, vocab_layout, adapters)
+    return whole_bytes(s, tokens, dtype_bytes, checkpointing, logprob_chunk, extra_models,
+                       adapters, lora_inputs)
+
+
+def whole_bytes(s: Shape, tokens: int, dtype_bytes: int, checkpointing: bool, logprob_chunk: int,
+                extra_models: float = 0, adapters: int = 0, lora_inputs: int = 0
+                ) -> dict[str, float]:
+    """Bytes of one process training the whole model at its peak, in the rehearsal's
+    categories (torch's MemTracker): fp32 master weights (a LoRA base in the compute dtype),
+    gradients and AdamW moments of what trains, the temporaries and activations of the larger
+    of the lm-head's backward (a trained head: its fp32 gradient sum, below fp32 a compute-dtype
+    copy; a chunk's logits) and the last layer's (with LoRA its recomputed activations hold
+    each target's input in fp32 too, `lora_inputs` features a token, and its backward computes
+    no weight gradient of the base: 1 hidden and 1 intermediate size a token of temporaries, as
+    rehearsed)."""
+    trained = adapters or s.params
+    out = {"weights": (dtype_bytes * s.params + 4 * adapters) if adapters else 4 * s.params,
+           "gradients": 4 * trained, "AdamW state": 8 * trained}
+    head = 0 if adapters else 4 + (dtype_bytes if dtype_bytes < 4 else 0)
+    moments = [{"temporaries": head * s.vocab * s.hidden
+                + 12 * min(logprob_chunk, tokens) * s.vocab},
+               {"temporaries": _first_layer_backward(s, tokens, dtype_bytes, "whole",
+                                                     adapters)["temporaries"]}]
+    if adapters:
+        moments[1]["temporaries"] = (s.hidden + s.intermediate) * dtype_bytes * tokens
+    _activations(moments, s, tokens, dtype_bytes, checkpointing,
+                 residual_bytes(dtype_bytes, 1, adapters > 0), "activations")
     if checkpointing:
-        out["activations"] = (s.layers * tokens * s.hidden
-                              * residual_bytes(dtype_bytes, devices, adapters > 0) + 2 * per_layer)
-    else:
-        out["activations"] = s.layers * per_layer
+        moments[1]["activations"] += 4 * lora_inputs * tokens
+    best = max(moments, key=lambda m: sum(m.values()))
+    out.update({k: best[k] for k in ("temporaries", "activations")})
+    if extra_models:
+        out["reference / token RM"] = extra_models * s.params
+    return out
+
+
+def _activations(moments: list[dict], s: Shape, tokens: int, dtype_bytes: int,
+                 checkpointing: bool, res: int, recomputed: str = "temporaries") -> None:
+    """Each moment's activations: the lm-head's, then the last layer's, whose activations are
+    recomputed under checkpointing (counted as `recomputed`: FSDPMemTracker says temporaries,
+    MemTracker activations)."""
+    extra = EXTRA_HIDDEN_BYTES[res] * s.hidden * tokens
+    saved = _layer_elements(s) * dtype_bytes * tokens  # one layer's, for its backward
+    if checkpointing:  # every layer's input, and at the lm-head a few more hidden-sized tensors
+        moments[0]["activations"] = s.layers * tokens * s.hidden * res + extra
+        moments[1]["activations"] = s.layers * tokens * s.hidden * res
+        moments[1][recomputed] += saved
+    else:  # every layer's saved tensors
+        moments[0]["activations"] = s.layers * saved + extra
+        moments[1]["activations"] = s.layers * saved
+
+
+# Elements per token a decoder layer keeps for its backward without checkpointing, in hidden
+# sizes beyond its MLP's 4 x intermediate and its key / value projections: 10 (measured by the
+# rehearsal of Qwen2.5-32B, bf16: 327,900 bytes a token a layer)
+LAYER_HIDDEN_COPIES = 10
+# Bytes a token a hidden unit held at the lm-head's backward besides the decoder layers' inputs
+# (the embedding's output, the final norm's input and output, the selected hidden states), by
+# the residual stream's bytes: 4 half-precision hidden-sized tensors under FSDP2 (0.49 GiB at
+# 12,800 tokens of Qwen2.5-32B), 3 fp32 ones in one process (0.084 GiB at 8,192 tokens of
+# Qwen2.5-0.5B), as rehearsed
+EXTRA_HIDDEN_BYTES = {2: 8, 4: 12}
+
+
+def sharded_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpointing: bool,
+                  logprob_chunk: int, extra_models: float = 0, vocab_layout: str = "vocab-parallel",
+                  adapters: int = 0) -> dict[str, float]:
+    """Bytes per device of one FSDP2 training process at its peak, in the rehearsal's
+    categories (pipeline/rehearsal.py, torch's FSDPMemTracker): fp32 weight and gradient shards,
+    AdamW's two moments, what is gathered, the collective buffers, activations and the
+    temporaries of the lm-head's backward.
+
+    The peak is the larger of two moments of the backward. The lm-head's, first: with the head
+    an FSDP2 unit of its own (`fsdp`), the head gathered in the compute dtype, the next layer's
+    all-gather buffer, and `logprobs._ChunkedLogprobs`' temporaries: below fp32 an fp32 copy of
+    the head and its fp32 gradient sum (8 bytes x vocab x hidden), and for a chunk of tokens its
+    logits, their softmax and its gradient (12 bytes x chunk x vocab). Then the last decoder
+    layer's (`_first_layer_backward`), larger with many tokens per process (sft's 32K rows).
+    Vocabulary-parallel, each device's rows only (not rehearsed yet: the vocabulary-parallel
+    embedding reads data-shaped counts, see docs/hardware.md)."""
+    trained = adapters or s.params
+    out = {"weight shards": ((dtype_bytes * s.params + 4 * adapters) if adapters
+                             else 4 * s.params) / devices,
+           "gradient shards": 4 * trained / devices,
+           "AdamW state": 8 * trained / devices}
+    moments = [_lm_head_backward(s, devices, tokens, dtype_bytes, logprob_chunk, vocab_layout,
+                                 adapters),
+               _first_layer_backward(s, tokens, dtype_bytes, vocab_layout, adapters)]
+    _activations(moments, s, tokens, dtype_bytes, checkpointing,
+                 residual_bytes(dtype_bytes, devices, adapters > 0))
+    out.update(max(moments, key=lambda m: sum(m.values())))
     if extra_models:  # a resident reference (weights only: 4 B/param; with LoRA a second
         # adapter set) or token RM (trained: 16 B/param)
         out["reference / token RM"] = extra_models * s.params / devices
     return out
+
+
+def _layer_elements(s: Shape) -> int:
+    """Elements per token a decoder layer keeps for its backward (no checkpointing)."""
+    return LAYER_HIDDEN_COPIES * s.hidden + 2 * s.kv_heads * s.head_dim + 4 * s.intermediate
+
+
+def _lm_head_backward(s: Shape, devices: int, tokens: int, dtype_bytes: int, chunk: int,
+                      vocab_layout: str, adapters: int) -> dict[str, float]:
+    """The first moment of the backward: the lm-head's (see `sharded_bytes`)."""
+    chunk = min(chunk, tokens)
+    if vocab_layout != "fsdp":
+        half = dtype_bytes < 4 and not adapters
+        return {"gathered weights": dtype_bytes * (2 * s.hidden + s.layer_params),
+                "collective buffers": dtype_bytes * s.layer_params + 4 * s.layer_params * half,
+                "temporaries": 12 * chunk * math.ceil(s.vocab / devices)}
+    head_copy = 0 if adapters else (8 if dtype_bytes < 4 else 4)
+    return {"gathered weights": dtype_bytes * (s.vocab * s.hidden + 2 * s.hidden),
+            "collective buffers": dtype_bytes * s.layer_params,
+            "temporaries": head_copy * s.vocab * s.hidden + 12 * chunk * s.vocab}
+
+
+def _first_layer_backward(s: Shape, tokens: int, dtype_bytes: int, vocab_layout: str,
+                          adapters: int) -> dict[str, float]:
+    """The next moment: the last decoder layer's backward, its gradients' temporaries held (2
+    hidden and 2 intermediate sizes a token beside its recomputed activations, as rehearsed:
+    `_activations` adds those), gathered, the next layer's all-gather buffer beside it, and an
+    FSDP2 lm-head's fp32 gradient still reduce-scattering."""
+    head_grad = 4 * s.vocab * s.hidden if vocab_layout == "fsdp" and not adapters else 0
+    return {"gathered weights": dtype_bytes * (2 * s.hidden + s.layer_params),
+            "collective buffers": dtype_bytes * s.layer_params + head_grad,
+            "temporaries": (2 * s.hidden + 2 * s.intermediate) * dtype_bytes * tokens}
 
 
 def packed_mask_bytes(micro_batch: int, row_tokens: int, sequence_parallel: int = 1,

@@ -89,31 +89,51 @@ def load_sharded(cfg: ModelConfig, source: str | Path, device: torch.device, dis
     sharding, the frozen base held in `dtype`, each adapter shard copied from its whole
     starting value (`lora.Adapters.values`) like a weight from the file.
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     folder = model_folder(str(source))
     config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.trust_remote_code)
+    wrapped, model = build_sharded(config, cfg, wrap, dtype, vocab, adapters)
+    materialise(wrapped, device)
+    reader: Any = SafetensorsSlices(folder)
+    if adapters is not None:
+        reader = _WithAdapters(reader, adapters.values(
+            {n: p.shape for n, p in lora.adapter_names(model)}))
+    with torch.no_grad():
+        fill_shards(wrapped, reader, dist, skip)
+    model.generation_config = _generation_config_of(folder, model)
+    return wrapped
+
+
+def build_sharded(config: Any, cfg: ModelConfig, wrap: Any, dtype: torch.dtype = torch.float32,
+                  vocab: VocabSplit | None = None, adapters: lora.Adapters | None = None
+                  ) -> tuple[Any, Any]:
+    """(`wrap(model)`, the HF model) of `config` built with its parameters on the meta device
+    (buffers, such as the rotary frequencies, computed for real), LoRA injected, sharded
+    (`shard_modules`). `materialise` then gives this process's shards storage; `load_sharded`
+    fills them from a checkpoint, the rehearsal (pipeline/rehearsal.py) leaves them fake."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(
             config, dtype=torch.float32, trust_remote_code=cfg.trust_remote_code,
             attn_implementation=cfg.attn_implementation or "sdpa")
     model.tie_weights()  # lm_head shares the embedding's parameter when the config ties them
-    reader: Any = SafetensorsSlices(folder)
     if adapters is not None:
         lora.inject(model, adapters.settings, adapters.sets, meta=True, base_dtype=dtype)
-        reader = _WithAdapters(reader, adapters.values(
-            {n: p.shape for n, p in lora.adapter_names(model)}))
     wrapped = wrap(model)
     wrapped.vocab_layout = shard_modules(wrapped, model, dtype, vocab)  # reported at the end
+    return wrapped, model
+
+
+def materialise(wrapped: torch.nn.Module, device: torch.device) -> None:
+    """Storage on `device` for this process's shards (left unfilled), the buffers kept."""
     buffers = {n: b.detach().clone() for n, b in wrapped.named_buffers()}
     wrapped.to_empty(device=device)
     with torch.no_grad():
         for n, b in wrapped.named_buffers():
             b.copy_(buffers[n])
-        fill_shards(wrapped, reader, dist, skip)
-    model.generation_config = _generation_config_of(folder, model)
-    return wrapped
 
 
 def shard_modules(wrapped: torch.nn.Module, model: Any, dtype: torch.dtype = torch.float32,

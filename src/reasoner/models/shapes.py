@@ -71,16 +71,26 @@ class Shape:
     def params(self) -> int:
         return self.layers * self.layer_params + self.root_params
 
-    def lora_params(self, r: int, targets: list[str]) -> int:
-        """Parameters of rank-`r` LoRA adapters (A: r x in, B: out x r) on the linear layers
-        named `targets` of every decoder layer."""
+    def _linear_dims(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of a decoder layer, by name."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        dims = {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv),
+        return {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv),
                 "v_proj": (self.hidden, kv), "o_proj": (q, self.hidden),
                 "gate_proj": (self.hidden, self.intermediate),
                 "up_proj": (self.hidden, self.intermediate),
                 "down_proj": (self.intermediate, self.hidden)}
+
+    def lora_params(self, r: int, targets: list[str]) -> int:
+        """Parameters of rank-`r` LoRA adapters (A: r x in, B: out x r) on the linear layers
+        named `targets` of every decoder layer."""
+        dims = self._linear_dims()
         return self.layers * sum(r * sum(dims[t]) for t in targets if t in dims)
+
+    def lora_inputs(self, targets: list[str]) -> int:
+        """Input features of the linear layers named `targets` of one decoder layer, added up:
+        PEFT casts each one's input to its fp32 adapters (a copy a target, saved)."""
+        dims = self._linear_dims()
+        return sum(dims[t][0] for t in targets if t in dims)
 
     def activation_bytes_per_token(self, dtype_bytes: int) -> int:
         """Saved activations of one layer per token (flash / sdpa attention: no T^2 term)."""

@@ -132,6 +132,7 @@ class MemoryEstimate:
     step_s: float | None
     verdict: str
     vocab: str = ""  # training: how the embedding and lm-head split, and the bytes it moves
+    config: TrainerConfig | None = None  # training: the stage's config (what --rehearse runs)
     notes: list[str] = field(default_factory=list)  # what else the plan says of the stage
 
     @property
@@ -234,7 +235,7 @@ def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
     layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
     parts = training_bytes(shape, devices, tokens, dtype_bytes, cfg.run.gradient_checkpointing,
                            cfg.run.logprob_chunk, extra, layout if devices > 1 else "whole",
-                           adapters)
+                           adapters, shape.lora_inputs(lora.target_modules) if lora else 0)
     vocab = vocab_note(shape, devices, tokens, dtype_bytes, layout) if devices > 1 else ""
     # train-offline's fixed reference is loaded and scored while the policy is held
     anchor = frozen_bytes(shape, devices, dtype_bytes) if _anchor(cfg) else 0.0
@@ -251,10 +252,13 @@ def _anchor(cfg: TrainerConfig) -> bool:
     return isinstance(cfg, OfflineConfig) and cfg.reference is not None
 
 
+MARGIN = 1.1  # what a rehearsal cannot see: context, comm buffers, workspaces, fragmentation
+
+
 def _need(parts: dict[str, float], peaks: dict[str, float]) -> float:
     """GiB per device the stage needs: its largest moment (training, scoring, loading), plus
-    10% for the allocator's fragmentation."""
-    return 1.1 * max(sum(parts.values()), *peaks.values()) / GIB
+    `MARGIN`."""
+    return MARGIN * max(sum(parts.values()), *peaks.values()) / GIB
 
 
 def _sequence_parallel_refused(shape: Shape, model: str, sp: int, devices: int) -> str:
@@ -283,10 +287,9 @@ def _advice(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float, dtyp
         options.append("lower seq_len / micro_batch (drops the long samples)")
         advice = ", or ".join(options)
     else:
-        advice = {"weights+grads+adam fp32": "use more devices",
-                  "logits chunk": "lower run.logprob_chunk",
-                  "gathered root + 3 layers": "use devices with more memory",
-                  "gathered lm-head": "set run.vocab_layout=vocab-parallel",
+        advice = {"logits chunk": "lower run.logprob_chunk",
+                  "temporaries": "lower run.logprob_chunk or set run.vocab_layout=vocab-parallel",
+                  "gathered weights": "use devices with more memory",
                   "reference / token RM": "drop the moving reference / token RM"}.get(
                       biggest, "use more devices")
     return f"{advice} ({biggest} is the largest part)"
@@ -352,7 +355,7 @@ def plan_recipe(path: Path, devices: int, mem_gib: float | None, kind: str = "gp
             plans.append(plan_training(st.name, cfg, shape_of(src), src, devices, mem_gib, kind,
                                        mfu, layout, tp, pp, extra, tflops,
                                        scores=st.command == "train-offline"))
-            plans[-1].command = st.command
+            plans[-1].command, plans[-1].config = st.command, cfg
         elif st.command in ("infer", "eval") and cfg.backend != "openai":  # a server's: not here
             src = cfg.model.name_or_path
             src = src if Path(src).exists() or src in KNOWN else start

@@ -16,6 +16,7 @@ from reasoner.training.loop import (
     optimizer_step,
     progress,
     start,
+    unscale_and_clip,
 )
 from reasoner.training.policy import (
     Loaded,
@@ -31,5 +32,5 @@ from reasoner.training.policy import (
 __all__ = [
     "Loaded", "MicroOut", "claim", "TrainState", "accumulate", "end_step", "finish", "load_policy",
     "load_weights", "load_wrapped", "optimizer_step", "progress", "resume_point", "setup",
-    "start", "warn_dropped",
+    "start", "unscale_and_clip", "warn_dropped",
 ]

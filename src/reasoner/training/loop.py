@@ -36,7 +36,8 @@ from reasoner.runlog import MetricsLog, Timer, progress_bar
 from reasoner.training import checkpoints, schedule
 from reasoner.training.final import publish_final
 from reasoner.training.policy import Loaded
-from reasoner.training.precision import MIN_LOSS_SCALE, clip_grad_norm, loss_scale, make_scaler
+from reasoner.training.precision import MIN_LOSS_SCALE, loss_scale, make_scaler
+from reasoner.training.precision import clip_grad_norm_on_device as clip
 
 Value = float | torch.Tensor  # a number, or a 0-dim tensor on the device (detached)
 
@@ -233,7 +234,7 @@ def optimizer_step(state: TrainState, loss: float, step: int) -> dict[str, float
             "or check the data, then rerun to resume from it.")
     lr = state.scheduler.get_last_lr()[0]
     if state.scaler is None:
-        grad_norm = clip_grad_norm(state.policy, state.optim.grad_clip)
+        grad_norm = float(unscale_and_clip(state))
         skip = not math.isfinite(grad_norm)  # the same on every rank: the norm is global
         if not skip:
             state.optimizer.step()
@@ -245,8 +246,7 @@ def optimizer_step(state: TrainState, loss: float, step: int) -> dict[str, float
     # fp16: unscale (the overflow check is all-reduced), clip the true gradient, and step unless
     # some rank overflowed; the schedule advances either way, so steps stay aligned with data
     scale = loss_scale(state.scaler)
-    state.scaler.unscale_(state.optimizer)
-    grad_norm = clip_grad_norm(state.policy, state.optim.grad_clip)
+    grad_norm = float(unscale_and_clip(state))
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.scheduler.step()
@@ -259,6 +259,15 @@ def optimizer_step(state: TrainState, loss: float, step: int) -> dict[str, float
             f"(step {step + 1}); train in bfloat16 or float32 (model.dtype), or lower optim.lr")
     return {"lr": lr, "grad_norm": grad_norm if not skipped else math.nan, "loss_scale": scale,
             "overflow_skipped": float(skipped)}
+
+
+def unscale_and_clip(state: TrainState) -> torch.Tensor:
+    """What a step does to the gradients before deciding whether to apply them: unscaled (fp16;
+    the overflow flag all-reduced), clipped to optim.grad_clip; the global norm stays on the
+    device (0-dim). The rehearsal (pipeline/rehearsal.py) runs it as the trainer does."""
+    if state.scaler is not None:
+        state.scaler.unscale_(state.optimizer)
+    return clip(state.policy, state.optim.grad_clip)
 
 
 def _count_skip(state: TrainState, skipped: bool, step: int, why: str) -> None:

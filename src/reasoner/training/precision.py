@@ -16,11 +16,16 @@ MIN_LOSS_SCALE = 2.0 ** -8  # below this every step has overflowed for a long ti
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
     """Global grad norm before clipping (works for plain and FSDP2-sharded parameters)."""
+    return float(clip_grad_norm_on_device(model, max_norm))
+
+
+def clip_grad_norm_on_device(model: nn.Module, max_norm: float | None) -> torch.Tensor:
+    """`clip_grad_norm`, its norm left on the device (0-dim): nothing read back."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    return float(norm)
+    return norm
 
 
 def make_scaler(optim: OptimConfig, device: torch.device, dtype: torch.dtype, dist: DistInfo

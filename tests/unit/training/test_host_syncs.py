@@ -26,7 +26,7 @@ from reasoner.training.host_syncs import HostSyncs
 # the update is applied (a non-finite one skips it; only a fused optimiser could skip on the
 # device).
 STEP = Counter({("training/loop.py (read)", "tolist"): 1,
-                ("training/precision.py (clip_grad_norm)", "__float__"): 1})
+                ("training/loop.py (optimizer_step)", "__float__"): 1})
 # What libraries read inside the step, not reasoner's code: torch's per-parameter AdamW reads
 # its step counters (CPU tensors, not a device sync; the fused AdamW the trainers take on CUDA
 # reads none), and transformers checks the position ids for packed sequences once per forward

@@ -1,0 +1,124 @@
+"""What a rehearsal (pipeline/rehearsal.py) measures with: torch's FSDPMemTracker, also saying
+where its peak was and able to pause, and a dispatch mode adding up each collective's bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _tracker_class(base: type) -> type:
+    class Tracker(base):
+        """torch's memory tracker (`base`), also saying where its peak was: the phase (forward,
+        backward, optimiser) and the innermost module running; `paused`, it counts nothing."""
+
+        where = ""
+        paused = False
+        module: Any = None
+
+        def _track(self, reftype: Any, t: Any) -> None:
+            if not self.paused:
+                super()._track(reftype, t)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            if self._peak_mem != before:
+                phase = ("optimiser" if getattr(self, "_in_opt", False) else
+                         "backward" if self._mod_tracker.is_bw else "forward")
+                inner = max(self._mod_tracker.parents, key=lambda m: m.count("."), default="")
+                self.where = f"{phase}, {inner}"
+
+        def held_now(self) -> float:
+            """Bytes held by the module's parameters and buffers (this process's shards)."""
+            import torch
+
+            seen: set = set()
+            total = 0
+            for t in [*self.module.parameters(), *self.module.buffers()]:
+                local = t.to_local() if hasattr(t, "to_local") else t
+                st = local.untyped_storage()
+                if id(st) not in seen and isinstance(local, torch.Tensor):
+                    seen.add(id(st))
+                    total += st.nbytes()
+            return float(total)
+
+        def peak_by_kind(self) -> dict[str, float]:
+            snap = self.get_tracker_snapshot("peak")
+            dev_snap = max(snap.values(), key=lambda s: s.get("Total", 0))
+            return {getattr(k, "value", str(k)): float(v) for k, v in dev_snap.items()
+                    if k != "Total"}
+
+    return Tracker
+
+
+def tracker(module: Any, optimizer: Any) -> Any:
+    """A memory tracker of `module` and `optimizer`: FSDPMemTracker for an FSDP2 root, torch's
+    MemTracker (the module and optimizer tracked as external) for a whole model."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(module, FSDPModule):
+        found = _tracker_class(FSDPMemTracker)(module, optimizer)
+    else:
+        found = _tracker_class(MemTracker)()
+        # MemTracker hooks every parameter's gradient, and a frozen one (a LoRA base) refuses
+        # a hook: marked as hooked already, with handles that remove nothing
+        for p in module.parameters():
+            if not p.requires_grad:
+                found._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+        found.track_external(module, optimizer)
+    found.module = module
+    return found
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+class Collectives:
+    """A dispatch mode adding up the bytes of each collective: an all-gather's output, a
+    reduce-scatter's input, an all-to-all's and an all-reduce's tensor."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, float] = {}
+        self._mode: Any = None
+
+    def __enter__(self) -> Collectives:
+        from torch.distributed._tools.fake_collectives import collective_ops
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        owner = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in collective_ops:
+                    owner.add(func.overloadpacket.__name__, args)
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+    def add(self, name: str, args: tuple) -> None:
+        import torch
+
+        def size(x: Any) -> int:
+            if isinstance(x, torch.Tensor):
+                return x.numel() * x.element_size()
+            if isinstance(x, (list, tuple)):
+                return sum(size(y) for y in x)
+            return 0
+
+        # the tensor that crosses the link: the larger of the op's first two tensor arguments
+        moved = max((size(a) for a in args[:2]), default=0)
+        if name == "wait_tensor":  # waits on a collective counted when it was issued
+            return
+        key = name.strip("_").removesuffix("_")
+        self.bytes[key] = self.bytes.get(key, 0.0) + moved
+
+

@@ -1,0 +1,176 @@
+"""The rehearsal at reduced depth: PCL-Reasoner-V1.5's own training steps at Qwen2.5-32B's real
+widths on 64 fake processes, 2 decoder layers, rows of 8,192 tokens (a few seconds each), and
+the plan held to it line by line (issue 52). The full-scale rehearsals are
+`scripts/bench_rehearsal.py`'s (minutes each)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reasoner.config import OfflineConfig, SFTConfig
+from reasoner.models import footprint
+from reasoner.pipeline import rehearsal, rehearsal_report
+
+REPO = Path(__file__).resolve().parents[3]
+PCL = REPO / "configs" / "pcl_reasoner_v1_5"
+MODEL = "Qwen/Qwen2.5-32B"
+LAYERS, ROW = 2, 8192
+
+
+def stage_config(stage: str):
+    if stage == "sft":
+        return SFTConfig.model_validate(yaml.safe_load((PCL / "sft.yaml").read_text()))
+    return OfflineConfig.model_validate(yaml.safe_load((PCL / "train_offline.yaml").read_text()))
+
+
+_done: dict = {}
+
+
+def rehearsed(stage: str, kind: str, row: int = ROW) -> rehearsal.Rehearsal:
+    """One reduced rehearsal per case for the whole module (each runs the step 3 times)."""
+    if (stage, kind, row) not in _done:
+        _done[stage, kind, row] = rehearsal.rehearse(stage, stage_config(stage), MODEL, 64,
+                                                     kind, LAYERS, row)
+    return _done[stage, kind, row]
+
+
+# (stage, kind, tokens a row); sft's whole 32K row puts the peak in the last layer's backward
+CASES = [("sft", "h100", ROW), ("sft", "h100", 32_768), ("train-offline", "h100", ROW),
+         ("train-offline", "910b", ROW)]
+
+
+@pytest.mark.parametrize("stage, kind, row", CASES)
+def test_the_plan_is_the_rehearsal_line_by_line_at_reduced_depth(stage, kind, row):
+    """Each plan line within 10% of what the tracker saw at the peak, the total too. The peak
+    is the lm-head's backward (its fp32 copy and gradient sum, a chunk of logits, with the
+    gathered lm-head, the next layer's all-gather buffer and every checkpointed input), or with
+    32K tokens a process the last layer's (its activations recomputed, the lm-head's fp32
+    gradient reduce-scattering)."""
+    r = rehearsed(stage, kind, row)
+    rows = rehearsal_report.compare(r, kind)
+    assert [line for line, _, _ in rows] == [*rehearsal.LINES, "total"]
+    assert rehearsal_report.mismatched(rows) == []
+    assert r.where.startswith("backward, FSDPPolicyLogprobs.model." + (
+        "lm_head" if row == ROW else f"model.layers.{LAYERS - 1}."))
+    assert r.config.run.vocab_layout == "fsdp"  # what the whole recipe runs with at 64 devices
+    assert r.shape.layers == LAYERS and r.shape.hidden == 5120  # real widths, reduced depth
+    assert r.load == pytest.approx(r.peak["weight shards"])  # the shards, before a step
+
+
+@pytest.mark.parametrize("stage, kind, row", CASES)
+@pytest.mark.parametrize("line", list(rehearsal.LINES))
+def test_any_plan_line_moved_by_20_percent_is_caught(monkeypatch, stage, kind, row, line):
+    """The check above fails when one line of the plan's arithmetic moves by 20% either way."""
+    r = rehearsed(stage, kind, row)
+    real = footprint.sharded_bytes
+    for factor in (1.2, 0.8):
+        def moved(*args, factor=factor, **kwargs):
+            parts = real(*args, **kwargs)
+            return {**parts, line: parts[line] * factor}
+
+        monkeypatch.setattr(footprint, "sharded_bytes", moved)
+        off = rehearsal_report.mismatched(rehearsal_report.compare(r, kind))
+        assert any(said.startswith(f"{line}:") for said in off), (line, factor, off)
+
+
+def test_the_rehearsal_runs_the_trainers_own_step_and_the_kernels_stand_in(monkeypatch):
+    """sft's `step_loss` is what runs, once per micro-batch of every step (2 measured, 1
+    counted), the update through the loop's `unscale_and_clip`; attention through the flash
+    varlen stand-in (its FLOPs counted), and every collective's bytes counted."""
+    from reasoner import sft, training
+    from reasoner.models import stand_ins
+
+    calls = {"step_loss": 0, "unscale_and_clip": 0, "attention": 0}
+    for module, name in ((sft, "step_loss"), (training, "unscale_and_clip")):
+        def counted(*args, real=getattr(module, name), name=name, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    real_attention = stand_ins.attention
+
+    def attention(kernel):
+        inner = real_attention(kernel)
+
+        def forward(*args, **kwargs):
+            calls["attention"] += 1
+            return inner(*args, **kwargs)
+        return forward
+
+    monkeypatch.setattr(stand_ins, "attention", attention)
+    r = rehearsal.rehearse("sft", stage_config("sft"), MODEL, 64, "h100", LAYERS, ROW)
+    steps = rehearsal.STEPS + 1
+    assert calls["step_loss"] == steps * rehearsal.MICRO_BATCHES
+    assert calls["unscale_and_clip"] == steps
+    # each layer's attention once forward, once more recomputed in backward (checkpointing)
+    assert calls["attention"] == steps * rehearsal.MICRO_BATCHES * LAYERS * 2
+    # 6 x (params but the embedding's) x target tokens at least (the flop counter sees the
+    # matmuls; the recompute and attention come on top)
+    matmuls = r.shape.params - r.shape.vocab * r.shape.hidden
+    assert r.flops > 6 * matmuls * (ROW - rehearsal.PROMPT) * rehearsal.MICRO_BATCHES
+    assert r.collectives["allgather_base"] > 0 and r.collectives["reduce_scatter_base"] > 0
+
+
+def test_what_cannot_be_rehearsed_yet_is_said_not_run():
+    """A vocabulary-parallel layout (data-dependent reads in its embedding), models beside the
+    policy and LoRA over several processes are refused with the reason, before any work; the
+    CLI prints the reason in the stage's place."""
+    sft_cfg = stage_config("sft")
+    tight = rehearsal.recipe_layout(sft_cfg, MODEL, 64, "npu")  # 64 GiB: the FSDP2 units fit
+    assert tight == "fsdp" and rehearsal.not_rehearsed(sft_cfg, 64, tight) == ""
+    assert "vocabulary-parallel" in rehearsal.not_rehearsed(sft_cfg, 64, "vocab-parallel")
+    oreal = stage_config("train-offline").model_copy(update={"objective": OfflineConfig.model_validate(
+        {**yaml.safe_load((PCL / "train_offline.yaml").read_text()),
+         "objective": {"name": "oreal"}}).objective})
+    assert "token RM" in rehearsal.not_rehearsed(oreal, 64, "fsdp")
+    lora = one_gpu_config("train_offline_lora.yaml", "Qwen/Qwen2.5-7B-Instruct")
+    assert rehearsal.not_rehearsed(lora, 1, "whole") == ""
+    assert "LoRA" in rehearsal.not_rehearsed(lora, 8, "fsdp")
+    with pytest.raises(Exception, match="not rehearsed: run.vocab_layout vocab-parallel"):
+        rehearsal.rehearse("sft", sft_cfg.model_copy(update={"run": sft_cfg.run.model_copy(
+            update={"vocab_layout": "vocab-parallel"})}), MODEL, 64, "h100", LAYERS, ROW)
+
+
+ONE_GPU = REPO / "configs" / "gsm8k_1gpu"
+
+
+def one_gpu_config(name: str, model: str) -> OfflineConfig:
+    raw = yaml.safe_load((ONE_GPU / name).read_text())
+    raw["model"]["name_or_path"] = model
+    return OfflineConfig.model_validate(raw)
+
+
+def test_one_process_is_rehearsed_with_the_whole_model_line_by_line():
+    """The one-GPU recipe's train-offline (Qwen2.5-0.5B widths, 2 layers, its 8,192-token rows)
+    on an L4: one process holds the whole model (fp32 masters under bf16 autocast, no FSDP2),
+    tracked by torch's MemTracker; each of the plan's lines within 10%."""
+    cfg = one_gpu_config("train_offline.yaml", "Qwen/Qwen2.5-0.5B-Instruct")
+    r = rehearsal.rehearse("rl", cfg, "Qwen/Qwen2.5-0.5B-Instruct", 1, "l4", LAYERS)
+    rows = rehearsal_report.compare(r, "l4")
+    assert [line for line, _, _ in rows] == [*rehearsal.LINES_WHOLE, "total"]
+    assert rehearsal_report.mismatched(rows) == []
+    assert r.peak["weights"] == pytest.approx(4 * r.shape.params)  # fp32 masters, whole
+
+
+def test_the_plan_command_prints_each_stage_beside_its_rehearsal(monkeypatch):
+    """`reasoner plan RECIPE --rehearse`: after the plan's table, each training stage's
+    rehearsal (shrunk to 2 layers and 8,192-token rows here), line by line beside the plan,
+    with its peak, loading, FLOPs, bytes and time per step; a stage that cannot be rehearsed
+    says why in its place."""
+    from tests_helpers import reasoner
+
+    real = rehearsal.rehearse
+    monkeypatch.setattr(rehearsal, "rehearse",
+                        lambda *args, **kwargs: real(*args, LAYERS, ROW, **kwargs))
+    out = reasoner("plan", PCL / "recipe.yaml", "--devices", "64", "--kind", "h100",
+                   "--rehearse")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for stage in ("sft", "train-offline"):
+        assert f"{stage}: rehearsed on 64 fake processes ({LAYERS} layers, rows of 8,192" in text
+    assert text.count("  weight shards ") == 2 and "peak in backward" in text
+    assert "TFLOP/s x MFU 0.35" in text and "collectives (GB): allgather_base" in text
+    tight = reasoner("plan", PCL / "recipe.yaml", "--devices", "64", "--kind", "npu",
+                     "--device-mem-gib", "48", "--rehearse")
+    assert "sft: not rehearsed: run.vocab_layout vocab-parallel" in tight.stdout
