@@ -76,8 +76,8 @@ def test_the_plan_refuses_a_too_small_allocation_with_its_numbers():
         cluster.check(PCL, ["run_dir=/nowhere"], cfg, run, cluster.Allocation(1, 8, "h100", 80.0))
     said = str(err.value)
     assert "nothing was submitted" in said
-    assert "stage sft: needs 115.0 GiB per device on 8 devices, has 80.0" in said
-    assert "stage train-offline: needs 89.5 GiB per device on 8 devices, has 80.0" in said
+    assert "stage sft: needs 106.5 GiB per device on 8 devices, has 80.0" in said
+    assert "stage train-offline: needs 83.7 GiB per device on 8 devices, has 80.0" in said
     assert "--devices 8 --device-mem-gib 80 --kind h100" in said
     # docs/run.md's commands: 8 nodes of 8 GPUs, 4 Atlas A3 nodes of 16 NPU devices
     on_ray = ["verify.judge.ray.workers=8", "aime24.ray.workers=8", "aime25.ray.workers=8"]
@@ -126,8 +126,8 @@ LORA_7B = REPO / "configs/gsm8k_1gpu/recipe_7b_lora.yaml"
 def test_a_kinds_memory_is_what_the_device_reports():
     """Without --device-mem-gib a named kind's memory is nvidia-smi's memory.total in GiB (MiB /
     1024), not the data sheet's GB: an L4 and an A10G hold 22.49 GiB, an L40S 44.99, an H100
-    79.65. The launcher's check plans on it: the 7B LoRA recipe fits an L4, and with the
-    log-prob chunk it had (22.7 GiB) it is refused with those numbers."""
+    79.65. The launcher's check plans on it: the 7B LoRA recipe fits an L4 (20.9 GiB), and with
+    2,048-token log-prob chunks (23.0 GiB) it is refused with those numbers."""
     gib = {kind: cluster.allocation(1, 1, kind, None).mem_gib
            for kind in ("l4", "a10g", "l40s", "h100")}
     assert gib == {"l4": 23034 / 1024, "a10g": 23028 / 1024, "l40s": 46068 / 1024,
@@ -135,12 +135,12 @@ def test_a_kinds_memory_is_what_the_device_reports():
     assert [round(v, 2) for v in gib.values()] == [22.49, 22.49, 44.99, 79.65]
     l4 = cluster.allocation(1, 1, "l4", None)
     for overrides, fits in ((["run_dir=/nowhere"], True),
-                            (["run_dir=/nowhere", "rl.run.logprob_chunk=1024"], False)):
+                            (["run_dir=/nowhere", "rl.run.logprob_chunk=2048"], False)):
         cfg = load_recipe(LORA_7B, overrides)
         run = pipeline.resolve(cfg, LORA_7B.parent)
         if fits:
             cluster.check(LORA_7B, overrides, cfg, run, l4)
             continue
-        with pytest.raises(ConfigError, match=r"stage rl: needs 22\.7 GiB per device on 1 "
+        with pytest.raises(ConfigError, match=r"stage rl: needs 23\.0 GiB per device on 1 "
                                               r"devices, has 22\.5"):
             cluster.check(LORA_7B, overrides, cfg, run, l4)
