@@ -18,7 +18,13 @@ Checks:
   one step each, on the device (contract 5 in both trainers);
 - sequence_parallel: where two devices are lent, Ulysses sequence parallelism over them (NCCL,
   the kernel `plan_attention` picks, bf16): token log-probs and gradients of a packed row against
-  one device's, and `reasoner sft` with run.sequence_parallel=2 (skipped, saying so, on one).
+  one device's, and `reasoner sft` with run.sequence_parallel=2 (skipped, saying so, on one);
+- rehearsal_peak: `reasoner sft` on a model of Qwen2.5-0.5B-Instruct's widths (4 layers,
+  random weights, bf16, 2 steps of 2 packed 4,096-token rows) measured on the device (torch's peak allocated
+  bytes) against `reasoner plan --rehearse`'s peak for the same config on fake tensors
+  (pipeline/rehearsal.py), with the T x T mask a sdpa run adds where flash-attn is absent (the
+  rehearsal stands in flash-attn's kernel). On a CPU both runs go through and the measured side
+  is reported as absent (the peak is a CUDA allocator's).
 """
 
 from __future__ import annotations
@@ -276,6 +282,72 @@ def sp_worker(out: Path, device_type: str) -> None:
     dist.destroy_process_group()
 
 
+REHEARSED_ROW = 4096  # tokens of each packed row of rehearsal_peak
+REHEARSED_WITHIN = 0.15  # measured / rehearsed within 15%: the allocator rounds blocks up
+
+
+def rehearsal_peak(device):
+    import subprocess
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reasoner.config import SFTConfig, load
+    from reasoner.pipeline import rehearsal
+
+    work = Path(tempfile.mkdtemp(prefix="gpu_smoke_rehearsal_"))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
+    qs = REPO / "configs" / "quickstart"
+    for args in (["data", "synth", str(qs / "data_synth.yaml"), f"output_dir={work}/data",
+                  "num_train=2000", "num_test=8"],
+                 ["model", "tiny", str(qs / "tiny_model.yaml"), f"output_dir={work}/tiny",
+                  f"corpus=[{work}/data/sft]"]):
+        subprocess.run([sys.executable, "-m", "reasoner", *args], check=True, env=env, cwd=REPO,
+                       capture_output=True, timeout=300)
+    # Qwen2.5-0.5B-Instruct's widths (its 151,936-token vocabulary), 4 layers, the tiny
+    # run's tokenizer
+    config = rehearsal.model_config("Qwen/Qwen2.5-0.5B-Instruct", layers=4)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(work / "model")
+    AutoTokenizer.from_pretrained(work / "tiny").save_pretrained(work / "model")
+    overrides = [f"model.name_or_path={work}/model", f"data.path={work}/data/sft",
+                 f"output_dir={work}/sft", f"model.device={device.type}",
+                 "model.dtype=bfloat16", f"seq_len={REHEARSED_ROW}",
+                 f"max_tokens={REHEARSED_ROW}", "run.micro_batch=1", "run.global_batch=2",
+                 "run.max_steps=2", "run.gradient_checkpointing=true", "run.progress=false"]
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "reasoner", "sft", str(qs / "sft.yaml"),
+                           *overrides], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=600)
+    if done.returncode:
+        return {"ok": False, "error": done.stderr[-1500:]}
+    measured_s = round(time.perf_counter() - started, 1)
+    logged = [json.loads(line) for line in (work / "sft" / "metrics.jsonl").read_text().splitlines()]
+    measured = max((r.get("peak_mem_gib", 0.0) for r in logged), default=0.0) or None
+    cfg = load(SFTConfig, qs / "sft.yaml", overrides)
+    flash = True
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        flash = False
+    kind = "h100" if device.type == "cuda" else "cpu"
+    r = rehearsal.rehearse("sft", cfg, str(work / "model"), 1, kind, None, REHEARSED_ROW)
+    rehearsed = r.total / 2**30
+    # without flash-attn the trainer runs sdpa with one additive T x T mask per micro-batch
+    # (docs/hardware.md row 35), which the flash-attn stand-in does not hold
+    mask = 0.0 if flash or kind == "cpu" else REHEARSED_ROW ** 2 * 2 / 2**30
+    out = {"rehearsed_gib": round(rehearsed, 3), "sdpa_mask_gib": round(mask, 3),
+           "rehearsed_where": r.where, "rehearsal_s": round(r.wall_s, 1), "sft_s": measured_s,
+           "flash_attn": flash}
+    if measured is None:
+        out["measured_gib"] = f"absent: the peak is a CUDA allocator's, this ran on {device.type}"
+        return out
+    ratio = measured / (rehearsed + mask)
+    out.update({"measured_gib": round(measured, 3), "measured_over_rehearsed": round(ratio, 3),
+                "ok": abs(ratio - 1) <= REHEARSED_WITHIN})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -295,7 +367,8 @@ def main() -> None:
             report[name] = __import__(name).__version__
         except ImportError as e:
             report[name] = f"absent ({e})"
-    for check in (logprob_parity, packed_attention, bf16_policy, trainers, sequence_parallel):
+    for check in (logprob_parity, packed_attention, bf16_policy, trainers, sequence_parallel,
+                  rehearsal_peak):
         started = time.perf_counter()
         try:
             result = check(device)
