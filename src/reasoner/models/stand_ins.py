@@ -132,10 +132,17 @@ def standing_in(kernel: str) -> Iterator[str]:
     implementation name to build with."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    before = ALL_ATTENTION_FUNCTIONS._global_mapping.get(FLASH)
-    ALL_ATTENTION_FUNCTIONS._global_mapping[FLASH] = attention(kernel)
+    # the models look the name up in this instance, whose own entries win over the registered
+    # ones (`AttentionInterface.register`): an entry left there (restoring an item of it writes
+    # one) would otherwise run transformers' own flash-attn forward instead of the stand-in
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    had, before = FLASH in local, local.get(FLASH)
+    local[FLASH] = attention(kernel)
     _flops["total"] = 0.0
     try:
         yield FLASH
     finally:
-        ALL_ATTENTION_FUNCTIONS._global_mapping[FLASH] = before
+        if had:
+            local[FLASH] = before
+        else:
+            del local[FLASH]

@@ -204,7 +204,9 @@ def test_a_flat_packed_row_hands_its_boundaries_to_every_layers_varlen_kernel(ti
     from reasoner.models.logprobs import PolicyLogprobs
 
     seen = []
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", varlen_standin(seen))
+    # (its own entries: restored, an item of the instance would stay behind as one)
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, "flash_attention_2",
+                        varlen_standin(seen))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
     g = torch.Generator().manual_seed(0)
     samples = [torch.randint(3, 100, (n,), generator=g) for n in (5, 3, 4)]
@@ -244,7 +246,9 @@ def test_given_the_collators_layout_a_forward_and_backward_read_nothing_back(
     from reasoner.training.host_syncs import HostSyncs
 
     seen = []
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", varlen_standin(seen))
+    # (its own entries: restored, an item of the instance would stay behind as one)
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, "flash_attention_2",
+                        varlen_standin(seen))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
     model.config._attn_implementation = kernel
     g = torch.Generator().manual_seed(0)

@@ -99,7 +99,17 @@ def test_the_rehearsal_runs_the_trainers_own_step_and_the_kernels_stand_in(monke
         return forward
 
     monkeypatch.setattr(stand_ins, "attention", attention)
+    # an entry of transformers' attention table left in its instance (restoring an item of it
+    # writes one there: CI's rehearsals all ran transformers' own flash-attn forward after a
+    # test that had patched it): the stand-in still runs, and the entry is back afterwards
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def left_over(*args, **kwargs):
+        raise AssertionError("transformers' own flash_attention_2 ran, not the stand-in")
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, stand_ins.FLASH, left_over)
     r = rehearsal.rehearse("sft", stage_config("sft"), MODEL, 64, "h100", LAYERS, ROW)
+    assert ALL_ATTENTION_FUNCTIONS[stand_ins.FLASH] is left_over
     steps = rehearsal.STEPS + 1
     assert calls["step_loss"] == steps * rehearsal.MICRO_BATCHES
     assert calls["unscale_and_clip"] == steps
