@@ -24,7 +24,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool = False
     on CUDA without a loss scaler: fused AdamW subtracts the sharded scaler's found-inf flag,
     shape (1,), from its 0-d step counts and fails. CPU keeps the per-tensor loop: the fused
     kernel rounds differently, and the quickstart's published models were trained with the
-    per-tensor one (README, "What is stable across machines")."""
+    per-tensor one (docs/quickstart.md, "What is stable across machines")."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
