@@ -91,9 +91,9 @@ def run_jobs_on_two_processes(jobs_in: Callable[[Path], list[list]], new_folder:
     """Run the jobs `jobs_in(folder)` gives on one torchrun (reasoner_jobs_on_two_processes) in
     a new folder; returns that folder, or fails with why(). A run whose process died of a
     signal (a crash in native code: CI once saw rank 0 of the LoRA module's run die of SIGSEGV,
-    which no rerun here reproduced, on two CPUs and under three ISA caps) is run once more in a
-    fresh folder, with the crash's own stack (faulthandler) raised as a warning that the test
-    report shows; a second crash fails."""
+    which 11 reruns here did not reproduce, quiet, loaded and under three ISA caps) is run once
+    more in a fresh folder, with the crash's own stack (faulthandler) raised as a warning that
+    the test report shows; a second crash fails."""
     for attempt in (1, 2):
         folder = new_folder()
         done = subprocess.run(reasoner_jobs_on_two_processes(jobs_in(folder), folder, processes),
