@@ -38,8 +38,8 @@ HOMES = {
     "reasoner.training.policy": "unit/training/test_training.py",
     "reasoner.training.precision": "unit/training/test_training.py",
     "reasoner.training.final": "unit/training/test_checkpoints.py",
-    "reasoner.rl.auxiliary": "unit/test_train_offline.py",
-    "reasoner.rl.rollouts": "unit/test_train_offline.py",
+    "reasoner.train_offline.auxiliary": "unit/train_offline/test_train_offline.py",
+    "reasoner.train_offline.rollouts": "unit/train_offline/test_train_offline.py",
     "reasoner.pipeline.recipe": "integration/test_run_cli.py",
     "reasoner.pipeline.resolve": "unit/pipeline/test_run.py",
     "reasoner.infer.base": "unit/infer/test_infer.py",
@@ -144,7 +144,6 @@ LAYERS = [
     ("data", ["reasoner.data"]),
     ("models", ["reasoner.models"]),
     ("training", ["reasoner.training"]),
-    ("rl", ["reasoner.rl"]),
     ("stages", ["reasoner.sft", "reasoner.train_offline", "reasoner.infer", "reasoner.verify",
                 "reasoner.eval", "reasoner.export"]),
     ("pipeline", ["reasoner.pipeline"]),
@@ -179,10 +178,10 @@ def test_the_layer_check_sees_an_upward_import_inside_a_function(tmp_path):
         "def loss():\n    from reasoner.cli import app\n")
     files = {"reasoner": tmp_path / "reasoner" / "__init__.py",
              "reasoner.rl": tmp_path / "reasoner" / "rl" / "__init__.py",
-             "reasoner.rl.losses": tmp_path / "reasoner" / "rl" / "losses.py",
+             "reasoner.train_offline.losses": tmp_path / "reasoner" / "rl" / "losses.py",
              "reasoner.cli": tmp_path / "reasoner" / "cli.py"}
     graph = {m: imports(m, p, set(files)) for m, p in files.items()}
-    assert upward_imports(graph) == ["reasoner.rl.losses -> reasoner.cli"]
+    assert upward_imports(graph) == ["reasoner.train_offline.losses -> reasoner.cli"]
 
 
 def test_every_module_imports_only_its_own_layer_or_below():

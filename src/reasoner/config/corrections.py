@@ -1,7 +1,8 @@
 """The off-policy corrections an objective with a ratio can take: one model per correction,
 chosen by `name` under `objective.correction` (a tagged union, like the objectives: `cap` under
-`icepop` is an error naming icepop's keys). What each one computes is `rl/losses.correct`'s
-(docs/design.md, "Corrections"); every field below goes to it by name.
+`icepop` is an error naming icepop's keys). What each one computes is
+`train_offline/losses.correct`'s (docs/design.md, "Corrections"); every field below goes to it
+by name.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 only: `gamma` under `dapo` is an error naming dapo's valid keys, never silently ignored. Each
 model also answers what training it needs (a reference? a moving one? behaviour log-probs? a
 token reward model? held-out groups?), so no other module probes its fields or its class. Its
-signal and loss step are in rl/objectives.py, the losses themselves in rl/losses.py.
+signal and loss step are in train_offline/objectives.py, the losses themselves in
+train_offline/losses.py.
 """
 
 from __future__ import annotations

@@ -83,9 +83,9 @@ def run(cfg: EvalConfig) -> Path:
     """Evaluate; return the folder holding report.json / report.md / plots. The folder's
     identity is the eval's config and inputs: its inner infer and verify are never reused
     for another eval (another model, data, k, template, ...)."""
-    from reasoner.models.load import check_model
+    from reasoner.models.load import check_reachable
 
-    check_model(cfg.model.name_or_path)  # before anything is written
+    check_reachable(cfg.model.name_or_path)  # before anything is written
     check_sinks(cfg.tracking)
     cfg = with_trained_template(cfg)
     out = Path(cfg.output_dir)

@@ -74,7 +74,7 @@ def without_engine_settings(config: dict) -> dict:
 def run(cfg: InferConfig) -> Path:
     """Generate this worker's samples (`cfg.shard` of `cfg.num_shards`) into `cfg.output_dir`;
     return the folder. Each worker holds the lock of its own part for the whole run."""
-    from reasoner.models.load import check_model
+    from reasoner.models.load import check_reachable
 
     out = Path(cfg.output_dir)
     outputs.check_not_an_input(out, cfg.inputs())
@@ -84,7 +84,7 @@ def run(cfg: InferConfig) -> Path:
     if action == "complete":
         print(outputs.said_complete("infer", out), file=sys.stderr)
         return out
-    check_model(cfg.model.name_or_path)  # before the folder is claimed: a fixed rerun just runs
+    check_reachable(cfg.model.name_or_path)  # before the folder is claimed: a rerun just runs
     # overwrite=true with several workers: each redoes its own part, never another's
     own_part = (shards.part_path(out, cfg.shard).name,) if cfg.num_shards > 1 else None
     with outputs.writing(out, identity, action, lock=f"writer-{cfg.shard}", mine=own_part):

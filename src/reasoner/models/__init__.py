@@ -6,7 +6,7 @@ The loading API is re-exported: `from reasoner import models; models.load_tokeni
 """
 
 from reasoner.models.load import (
-    check_model,
+    check_reachable,
     describe,
     import_model,
     load_model,
@@ -14,4 +14,5 @@ from reasoner.models.load import (
 )
 from reasoner.models.tiny import build_tiny
 
-__all__ = ["build_tiny", "check_model", "describe", "import_model", "load_model", "load_tokenizer"]
+__all__ = ["build_tiny", "check_reachable", "describe", "import_model", "load_model",
+           "load_tokenizer"]

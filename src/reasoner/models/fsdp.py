@@ -200,8 +200,8 @@ def mixed_precision(dtype: torch.dtype) -> Any:
 def sum_only(wrapped: torch.nn.Module) -> None:
     """Make every FSDP2 unit under `wrapped` reduce its gradients with plain sums.
 
-    Each process's loss is already its share of the global batch's (rl/losses.py), so the
-    gradient wanted is the sum over processes: no divide at all. FSDP2 would otherwise reduce
+    Each process's loss is already its share of the global batch's (train_offline/losses.py), so
+    the gradient wanted is the sum over processes: no divide at all. FSDP2 would otherwise reduce
     with `ReduceOp.AVG` (which torch_npu's HCCL refuses, and which would need undoing) or, with
     a divide factor, `PREMUL_SUM` (which gloo and HCCL lack).
     """

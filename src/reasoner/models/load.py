@@ -18,7 +18,7 @@ from reasoner.config import ModelConfig
 from reasoner.errors import DependencyError, InputError
 
 
-def check_model(name_or_path: str, key: str = "model.name_or_path") -> None:
+def check_reachable(name_or_path: str, key: str = "model.name_or_path") -> None:
     """Stop with one clear line when `name_or_path` is neither a local model nor a hub id that
     can be had; a stage calls it before it writes anything, so a corrected rerun just runs."""
     cached = False
@@ -109,7 +109,7 @@ def _safetensors_problem(file: Path) -> str | None:
 
 def _from_hub(load, name_or_path: str, **kwargs: Any) -> Any:
     """`load(name_or_path, ...)`, a hub failure (no such repo, no network) as one clear line."""
-    check_model(name_or_path)
+    check_reachable(name_or_path)
     try:
         return load(name_or_path, **kwargs)
     except OSError as exc:

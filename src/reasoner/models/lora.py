@@ -120,8 +120,8 @@ def check_targets(model: nn.Module, lora: LoraSettings) -> None:
                          f" its linear layers are {', '.join(sorted(have))}")
 
 
-def check_model(name_or_path: str, lora: LoraSettings | None,
-                trust_remote_code: bool = False) -> None:
+def check_model_targets(name_or_path: str, lora: LoraSettings | None,
+                        trust_remote_code: bool = False) -> None:
     """`check_targets` before any work, on the model built from its config on the meta device
     (no weights read); PEFT is checked to be installed too."""
     if lora is None:

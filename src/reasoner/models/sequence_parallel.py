@@ -80,7 +80,7 @@ def check_heads(heads: int, kv_heads: int, size: int, model: str = "the model") 
         "(no sequence parallelism).")
 
 
-def check_model(name_or_path: str, size: int) -> None:
+def check_model_heads(name_or_path: str, size: int) -> None:
     """`check_heads` for a model by name (its config.json, or a known shape); a model whose
     shape cannot be read here is checked when it loads."""
     if size <= 1:

@@ -268,8 +268,10 @@ def _update(state: Any, tracker: Any) -> None:
     # DTensor's sharding propagation makes fake gradients of the whole (unsharded) size for
     # the norm's per-tensor ops: not memory, so not counted (the norms are scalars)
     tracker.paused = True
-    training.unscale_and_clip(state)
-    tracker.paused = False
+    try:
+        training.unscale_and_clip(state)
+    finally:
+        tracker.paused = False
     state.optimizer.step()
     if state.scaler is not None:  # update() on a device moves the scale there (a CPU's reads
         # it): what it clears, cleared
@@ -340,14 +342,14 @@ def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int) -
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from reasoner import train_offline
-    from reasoner.rl import objectives
-    from reasoner.rl.rollouts import Batching
+    from reasoner.train_offline import objectives
+    from reasoner.train_offline.rollouts import Batching
 
     obj = cfg.objective
     with unset_fake_temporarily():  # host data, read on the host as the trainer reads it
         data = _rollouts(rows)
         per_token = [[0.0] * (row - PROMPT) for _ in range(rows.count)]
-        inputs = train_offline.Inputs(
+        inputs = train_offline.PerSample(
             objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
             per_token if obj.reads_behaviour or obj.needs_old_logprobs else None,
             per_token if obj.needs_reference else None, "rehearsed", {})
@@ -364,7 +366,7 @@ def _rollouts(rows: _Rows) -> Any:
     """`rows` as a verified rollout set of one group: a positive sample and a negative."""
     import torch
 
-    from reasoner.rl.rollouts import Rollouts
+    from reasoner.train_offline.rollouts import Rollouts
 
     n = rows.count
     rewards = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(n)])

@@ -7,8 +7,8 @@ gradient, so gradients stay sharded between them) and reduces their metrics; `op
 guards against a non-finite loss, clips and steps; `end_step` logs (peak memory included),
 advances the progress bar and checkpoints; `finish` saves the final model. Each stage's `run()`
 is a flat loop over these, like a torchtune recipe. Losses scale each micro-batch to its share
-of the global batch (see rl/losses.py), so a step's gradient does not depend on how the batch
-was cut.
+of the global batch (see train_offline/losses.py), so a step's gradient does not depend on how
+the batch was cut.
 """
 
 from __future__ import annotations

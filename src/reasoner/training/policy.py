@@ -58,7 +58,7 @@ def _finishing(key: str) -> str:
 def setup(model: TrainedModelConfig, run: RunConfig, output_dir: Path | None = None) -> Env:
     """Device, process group and compute dtype of a training run; seeds torch. With several
     processes, every one must see the same `output_dir` (`device.check_same_folder`)."""
-    sequence_parallel.check_model(model.name_or_path, run.sequence_parallel)
+    sequence_parallel.check_model_heads(model.name_or_path, run.sequence_parallel)
     if model.device == "npu" or (model.device == "auto" and dev.npu_installed()):
         dev.set_hccl_timeout(run.dist_timeout_min)  # the CLI set it before torch (hccl.py)
     device = dev.pick_device(model.device)
@@ -66,7 +66,7 @@ def setup(model: TrainedModelConfig, run: RunConfig, output_dir: Path | None = N
     if output_dir is not None:
         dev.check_same_folder(output_dir, dist, device)
     fetch_once(model.name_or_path, dist, device)  # one download, then every process offline
-    lora.check_model(model.name_or_path, model.lora, model.trust_remote_code)
+    lora.check_model_targets(model.name_or_path, model.lora, model.trust_remote_code)
     torch.manual_seed(run.seed)
     return Env(device, dist, dev.pick_dtype(model.dtype, device))
 

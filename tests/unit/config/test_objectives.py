@@ -96,6 +96,6 @@ def test_resets_and_averages_fall_on_their_steps():
 
 
 def test_every_objective_has_a_training_side():
-    from reasoner.rl.objectives import OBJECTIVES
+    from reasoner.train_offline.objectives import OBJECTIVES
 
     assert set(OBJECTIVES) == set(OBJECTIVE_MODELS)

@@ -194,7 +194,7 @@ def test_the_forks_loss_has_the_native_pcl_gradient():
     does, against `pcl_loss` on the same samples with R = 2r - 1: same gradient, values apart
     by the constant mean(r)."""
     from reasoner.export.mindspeed_opg import fork_reward
-    from reasoner.rl.losses import pcl_loss
+    from reasoner.train_offline.losses import pcl_loss
 
     g = torch.Generator().manual_seed(0)
     lengths, rewards = [3, 5, 2, 4], torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64)
@@ -235,7 +235,7 @@ def test_rows_are_the_native_trainers_tokens_asked_as_infer_asked(tmp_path, veri
     from reasoner.data.template import end_of_turn, render_prompt
     from reasoner.export.mindspeed_opg import prepare_data
     from reasoner.records import Verified
-    from reasoner.rl.rollouts import load_rollouts
+    from reasoner.train_offline.rollouts import load_rollouts
 
     stopped = tmp_path / "stopped"
     rows = [{k: v for k, v in r.items() if k not in ("token_ids", "logprobs", "schema_version")}

@@ -89,7 +89,7 @@ def test_train_offline_never_sends_a_dense_mask(tmp_path, tiny_model_dir, verifi
     never a (B, 1, T, T) host mask, and one flat row when the kernel is varlen."""
     from reasoner.config import OfflineConfig
     from reasoner.models import load_tokenizer
-    from reasoner.rl.rollouts import Batching, load_rollouts
+    from reasoner.train_offline.rollouts import Batching, load_rollouts
 
     cfg = OfflineConfig.model_validate({
         "model": {"name_or_path": str(tiny_model_dir)}, "input_dir": str(verified_dir),

@@ -12,9 +12,9 @@ from reasoner import models, sft, training
 from reasoner import train_offline as T
 from reasoner.config import OfflineConfig, SFTConfig
 from reasoner.models.logprobs import PolicyLogprobs
-from reasoner.rl import objectives
-from reasoner.rl.objectives import GlobalCounts
-from reasoner.rl.rollouts import Batching, load_rollouts
+from reasoner.train_offline import objectives
+from reasoner.train_offline.objectives import GlobalCounts
+from reasoner.train_offline.rollouts import Batching, load_rollouts
 
 
 def fake_model(folder, chunk: int):
@@ -69,7 +69,7 @@ def test_a_train_offline_step_runs_on_fake_tensors(tmp_path, tiny_model_dir, ver
     data = load_rollouts(cfg, tokenizer)
     obj = cfg.objective
     tokens = [[0.0] * data.resp_len(i) for i in range(len(data.ids))]  # behaviour log-probs
-    inputs = T.Inputs(objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
+    inputs = T.PerSample(objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
                       tokens if obj.reads_behaviour else None, None, "stored", {})
     batching = Batching.of(cfg, tokenizer.pad_token_id)
     micro = T.MicroStep(obj, data, inputs, batching, env)

@@ -7,8 +7,8 @@ import torch
 
 from reasoner.device import DistInfo, Env
 from reasoner.models.logprobs import PolicyLogprobs
-from reasoner.rl.reference import Plateau, average_into, reset
-from reasoner.rl.rollouts import Batching, Rollouts
+from reasoner.train_offline.kl_reference import Plateau, average_into, reset
+from reasoner.train_offline.rollouts import Batching, Rollouts
 
 
 def test_plateau_resets_after_patience_and_rebaselines():
@@ -61,7 +61,7 @@ def test_reference_logprobs_are_memory_mapped_and_reused(tmp_path):
     of every token); a rerun maps it without scoring; a rollout set with a new sample rescored."""
     from torch import nn
 
-    from reasoner.rl.reference import Reordered, starting_logprobs
+    from reasoner.train_offline.kl_reference import Reordered, starting_logprobs
 
     class Scorer(nn.Module):
         calls = 0
@@ -92,7 +92,7 @@ def test_scoring_never_forwards_more_tokens_than_a_training_micro_batch(tmp_path
     each MLP intermediate ~45 GB). Every sample is still scored, each once, in its own order."""
     from torch import nn
 
-    from reasoner.rl.reference import starting_logprobs, validation_margin
+    from reasoner.train_offline.kl_reference import starting_logprobs, validation_margin
 
     seen = []
 

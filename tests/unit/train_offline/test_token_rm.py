@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from reasoner.rl import losses
-from reasoner.rl.token_rm import TokenRewardModel, running_mean, token_weights
+from reasoner.train_offline import losses
+from reasoner.train_offline.token_rm import TokenRewardModel, running_mean, token_weights
 
 
 def test_running_mean_and_token_weights():
@@ -108,7 +108,7 @@ def test_the_token_rm_learning_rate_decays_as_oreals_32b_config_says():
     import math
 
     from reasoner.device import Env
-    from reasoner.rl.token_rm import TokenRM
+    from reasoner.train_offline.token_rm import TokenRM
 
     w = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([w], lr=1.0)

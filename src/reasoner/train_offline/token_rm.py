@@ -22,10 +22,10 @@ from reasoner.device import Env
 from reasoner.models import sequence_parallel
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit
-from reasoner.rl import losses
-from reasoner.rl.objectives import GlobalCounts
-from reasoner.rl.rollouts import Batching, Rollouts
 from reasoner.runlog import progress_bar
+from reasoner.train_offline import losses
+from reasoner.train_offline.objectives import GlobalCounts
+from reasoner.train_offline.rollouts import Batching, Rollouts
 
 
 class TokenRewardModel(nn.Module):

@@ -2,8 +2,8 @@
 scores, and its loss step; one dict dispatches on `objective.name`.
 
 What an objective needs (a reference, a moving one, behaviour log-probs, a token RM) is answered
-by its config model (config/objectives.py); its loss is a pure function of rl/losses.py. Adding
-an objective: its model there, its signal and step here, its loss in losses.py, its docs.
+by its config model (config/objectives.py); its loss is a pure function of losses.py. Adding an
+objective: its model there, its signal and step here, its loss in losses.py, its docs.
 
 Signals and scopes are computed once for the whole rollout set (M samples), both as
 `f(obj, data)`; steps see one micro-batch and the global-batch counts (`GlobalCounts`), so
@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from reasoner.config import ObjectiveConfig
-from reasoner.rl import losses, offpolicy
-from reasoner.rl.rollouts import Rollouts
+from reasoner.train_offline import losses, offpolicy
+from reasoner.train_offline.rollouts import Rollouts
 
 
 @dataclass

@@ -25,7 +25,7 @@ from reasoner.data import token_cache
 from reasoner.device import Env
 from reasoner.errors import TrainingError
 from reasoner.models import lora
-from reasoner.rl.rollouts import Batching, Rollouts
+from reasoner.train_offline.rollouts import Batching, Rollouts
 
 
 @torch.no_grad()

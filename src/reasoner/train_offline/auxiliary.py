@@ -12,15 +12,15 @@ from pathlib import Path
 from torch import nn
 
 from reasoner.models import lora
-from reasoner.rl.reference import Plateau
-from reasoner.rl.token_rm import TokenRM
+from reasoner.train_offline.kl_reference import Plateau
+from reasoner.train_offline.token_rm import TokenRM
 from reasoner.training import checkpoints
 
 
 @dataclass(frozen=True)
 class Auxiliary:
     token_rm: TokenRM | None = None
-    reference: nn.Module | None = None  # resident only when it moves (LoRA: an AdapterView)
+    moving_ref: nn.Module | None = None  # resident only when it moves (LoRA: an AdapterView)
     plateau: Plateau | None = None
 
     def models(self) -> tuple[dict[str, nn.Module], dict[str, tuple]]:
@@ -30,8 +30,8 @@ class Auxiliary:
         if self.token_rm is not None:
             models["token_rm"] = self.token_rm.model
             optimizers["token_rm_optim"] = (self.token_rm.model, self.token_rm.optimizer)
-        if self.reference is not None and not isinstance(self.reference, lora.AdapterView):
-            models["reference"] = self.reference  # (a LoRA reference is saved as adapters)
+        if self.moving_ref is not None and not isinstance(self.moving_ref, lora.AdapterView):
+            models["reference"] = self.moving_ref  # (a LoRA reference is saved as adapters)
         return models, optimizers
 
     def shards(self) -> dict | None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from reasoner import shards
-from reasoner.rl import offpolicy
+from reasoner.train_offline import offpolicy
 
 # rho = 2, 0.5 (sample 0) and 1, 4 (sample 1): geometric means 1 and 2
 LOGP = torch.log(torch.tensor([2.0, 0.5, 1.0, 4.0]))

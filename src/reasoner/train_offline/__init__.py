@@ -1,20 +1,21 @@
 """`reasoner train-offline`: offline policy training on a fixed, verified rollout set.
 
-Infer once, train many: the Verified shard is tokenized once (rl/rollouts.py) and every
-objective trains on it through the training loop sft uses (training/). A step takes
-`global_batch` samples; each process packs its share into rows of `seq_len` tokens (or pads
-them), and each loss is given the global count it averages over (samples, tokens or positive
-tokens of the whole batch), so the loss and its gradient do not depend on how samples are split
-into micro-batches, packs or processes. (The published PCL code needed micro-batch 1 and could
-not pack.)
+Infer once, train many: the Verified shard is tokenized once (rollouts.py) and every objective
+trains on it through the training loop sft uses (training/). A step takes `global_batch`
+samples; each process packs its share into rows of `seq_len` tokens (or pads them), and each
+loss is given the global count it averages over (samples, tokens or positive tokens of the
+whole batch), so the loss and its gradient do not depend on how samples are split into
+micro-batches, packs or processes. (The published PCL code needed micro-batch 1 and could not
+pack.)
 
-What an objective trains with is computed once, before the first step (`prepare`): its
-per-sample signal and token scope (rl/objectives.py), the behaviour log-probs of the objectives
-with a ratio (rl/behaviour.py decides where they come from; the others read them for the
-off-policy diagnostics alone) and the reference log-probs (rl/reference.py). Every step also
-says how far the policy has moved from the behaviour policy, and how many steps since the
-samples' model (rl/offpolicy.py). What trains or moves beside the policy (OREAL's token RM, a moving
-reference, ProRL's plateau tracker) is rl/auxiliary.py's.
+What an objective reads beside the policy is computed once, before the first step (`prepare`,
+`PerSample`): its per-sample signal and token scope (objectives.py), the behaviour log-probs of
+the objectives with a ratio (behaviour.py decides where they come from; the others read them
+for the off-policy diagnostics alone) and the KL reference's log-probs (kl_reference.py). Every
+step also says how far the policy has moved from the behaviour policy, and how many steps since
+the samples' model (offpolicy.py). What trains or moves beside the policy (OREAL's token RM,
+token_rm.py; a moving reference; ProRL's plateau tracker) is auxiliary.py's. The losses are
+pure tensor functions (losses.py).
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ from reasoner.device import Env
 from reasoner.models import attention, lora
 from reasoner.models.sequence_parallel import SequenceGroup
 from reasoner.models.vocab_layout import VocabSplit, vocab_split
-from reasoner.rl import behaviour, objectives, offpolicy, reference, token_rm
-from reasoner.rl.auxiliary import Auxiliary
-from reasoner.rl.objectives import GlobalCounts, Micro
-from reasoner.rl.rollouts import Batching, Rollouts, load_rollouts
 from reasoner.runlog import check_sinks
+from reasoner.train_offline import behaviour, kl_reference, objectives, offpolicy, token_rm
+from reasoner.train_offline.auxiliary import Auxiliary
+from reasoner.train_offline.objectives import GlobalCounts, Micro
+from reasoner.train_offline.rollouts import Batching, Rollouts, load_rollouts
 from reasoner.training import schedule
 
 
@@ -57,7 +58,7 @@ def run(cfg: OfflineConfig) -> Path:
         data = load_rollouts(cfg, tokenizer, env.dist)
         training.warn_dropped("train-offline", data.dropped, len(data.ids) + data.dropped,
                               cfg.max_tokens, env.dist)
-        train_idx, val_idx = reference.split_validation(data, obj, cfg.run.seed)
+        train_idx, val_idx = kl_reference.split_validation(data, obj, cfg.run.seed)
         ckpt = training.resume_point(out, cfg.run, identity.digest)
         ready = prepare(cfg, env, tokenizer.pad_token_id, data, ckpt)
         state = training.start(cfg, env, tokenizer, ready.trained,
@@ -65,15 +66,15 @@ def run(cfg: OfflineConfig) -> Path:
                                identity.digest)
         aux = Auxiliary(token_rm.load_token_rm(cfg, env, ready.attn, ready.vocab,
                                                state.total_steps)
-                        if obj.uses_token_rm else None, ready.reference,
-                        reference.Plateau(obj.reset_patience) if val_idx else None)
+                        if obj.uses_token_rm else None, ready.moving_ref,
+                        kl_reference.Plateau(obj.reset_patience) if val_idx else None)
         aux.restore(ckpt, state.saved)
         state.aux = aux.shards if aux.models()[0] else None
         warm = []
         if aux.token_rm is not None and state.first_step == 0 and obj.rm_warmup_steps:
             warm = token_rm.warm_up(aux.token_rm, state, data, train_idx, ready.batching,
                                     obj.rm_warmup_steps)
-        micro = MicroStep(obj, data, ready.inputs, ready.batching, env, aux.reference,
+        micro = MicroStep(obj, data, ready.per_sample, ready.batching, env, aux.moving_ref,
                           aux.token_rm)
         lag = offpolicy.lag_of(cfg.model.name_or_path, Path(cfg.input_dir))
         last: dict[str, float] = {}
@@ -85,7 +86,7 @@ def run(cfg: OfflineConfig) -> Path:
                 state.tokens += last.pop("tokens")
                 last = training.end_step(state, step, last, f"loss {last['loss']:.4f}",
                                          aux.trainer_state)
-        return training.finish(state, summary(obj, data, ready.inputs, aux, val_idx, warm, last,
+        return training.finish(state, summary(obj, data, ready.per_sample, aux, val_idx, warm, last,
                                               lag), aux.trainer_state,
                                {"template": trained_template(cfg)})
 
@@ -118,14 +119,14 @@ def trained_template(cfg: OfflineConfig) -> dict:
 def check_inputs(cfg: OfflineConfig) -> None:
     """What can be checked before any work: the models exist, the metric sinks are installed
     (before the rollouts are tokenized and cached)."""
-    models.check_model(cfg.model.name_or_path)
+    models.check_reachable(cfg.model.name_or_path)
     check_sinks(cfg.run.tracking)
     if cfg.reference is not None:
-        models.check_model(cfg.reference, "reference")
+        models.check_reachable(cfg.reference, "reference")
 
 
 @dataclass(frozen=True)
-class Inputs:
+class PerSample:
     """What the objective reads beside the policy's log-probs, computed once for every sample."""
 
     signal: Tensor  # (M,) the reward or advantage each sample trains with
@@ -141,9 +142,9 @@ class Ready:
     """A run prepared: the model to train, the objective's inputs, and how batches are cut."""
 
     trained: training.Loaded  # the starting model, or the checkpoint resumed from
-    inputs: Inputs
+    per_sample: PerSample
     batching: Batching
-    reference: nn.Module | None  # a second, resident model when the reference moves
+    moving_ref: nn.Module | None  # a second, resident model when the reference moves
     attn: str  # the attention implementation every model of the run uses
     vocab: VocabSplit  # how every model's embedding and lm-head split
 
@@ -177,12 +178,12 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
                                                          env, said)
     start_lp = None
     if recompute or (obj.needs_reference and cfg.reference is None):
-        start_lp = reference.starting_logprobs(out / "ref_logprobs", str(cfg.input_dir),
+        start_lp = kl_reference.starting_logprobs(out / "ref_logprobs", str(cfg.input_dir),
                                                starting.policy, data, batching, env)
     ref_lp = start_lp
     if obj.needs_reference and cfg.reference is not None:  # a fixed anchor, not the start
         anchor = load(cfg.reference, adapters=False, frozen=True).policy.eval()  # no fp32 copy
-        ref_lp = reference.starting_logprobs(out / "anchor_logprobs",
+        ref_lp = kl_reference.starting_logprobs(out / "anchor_logprobs",
                                              f"{cfg.input_dir} scored by {cfg.reference}", anchor,
                                              data, batching, env)
         del anchor
@@ -197,9 +198,9 @@ def prepare(cfg: OfflineConfig, env: Env, pad: int, data: Rollouts, ckpt: Path |
     if obj.resident_reference:
         resident = lora.AdapterView(trained.policy) if shared else starting.policy
     behaving = (start_lp if recompute else data.old_logp) if obj.reads_behaviour else None
-    inputs = Inputs(objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
+    per_sample = PerSample(objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
                     behaving, ref_lp, said, gap)
-    return Ready(trained, inputs, batching, resident, attn.implementation, vocab)
+    return Ready(trained, per_sample, batching, resident, attn.implementation, vocab)
 
 
 def _flat(values: Sequence[list[float]] | None, index: list[int], device: torch.device
@@ -230,38 +231,39 @@ class MicroStep:
 
     obj: ObjectiveConfig
     data: Rollouts
-    inputs: Inputs
+    per_sample: PerSample
     batching: Batching
     env: Env
-    reference: nn.Module | None = None  # scored with the policy (a moving reference)
+    moving_ref: nn.Module | None = None  # scored with the policy (a moving reference)
     token_rm: token_rm.TokenRM | None = None  # trained with the policy (OREAL)
-    signal: np.ndarray = field(init=False, repr=False)  # (M,) inputs.signal on the host
+    signal: np.ndarray = field(init=False, repr=False)  # (M,) per_sample.signal on the host
 
     def __post_init__(self) -> None:
         # read once, before any step: a step selects samples by it without reading a tensor
         # (under FakeTensorMode, `numpy()` of a real tensor gives garbage)
-        object.__setattr__(self, "signal", self.inputs.signal.numpy().copy())
+        object.__setattr__(self, "signal", self.per_sample.signal.numpy().copy())
 
     def __call__(self, policy: nn.Module, rows: list[list[int]], counts: GlobalCounts,
                  scale: float) -> training.MicroOut:
         """Backward of this micro-batch's share of the global loss (times `scale`); no rows: a
         dummy pass, every forward and backward of a real one on one token, weighing nothing."""
-        data, device, inputs = self.data, self.env.device, self.inputs
+        data, device, per_sample = self.data, self.env.device, self.per_sample
         index = [i for r in rows for i in r]
         b = self.batching.collate(data, rows).to(device)
         if not index:
             return self.dummy(policy, b)
         sample_index = b.sample_index.reshape(-1).index_select(0, b.layout.index(device))  # (N,)
         signal = self.signal[index]  # (b,) on the host: which samples are which
-        m = Micro(index, sample_index, inputs.signal[index].to(device),
+        m = Micro(index, sample_index, per_sample.signal[index].to(device),
                   data.rewards[index].to(device), data.group_acc[index].to(device),
-                  _flat(inputs.old_logp, index, device), _flat(inputs.ref_logp, index, device),
-                  _scope(inputs.scope, index, device), positive=_where(signal > 0, device),
+                  _flat(per_sample.old_logp, index, device),
+                  _flat(per_sample.ref_logp, index, device),
+                  _scope(per_sample.scope, index, device), positive=_where(signal > 0, device),
                   negative=_where(signal < 0, device))
         extra: dict[str, Tensor] = {}
-        if self.reference is not None:
+        if self.moving_ref is not None:
             with torch.no_grad(), dev.autocast(device, self.env.dtype):
-                m.ref_logp = self.reference(b.input_ids, b.position_ids, b.attention_mask,
+                m.ref_logp = self.moving_ref(b.input_ids, b.position_ids, b.attention_mask,
                                             b.labels, b.layout).float()  # (N,)
         if self.token_rm is not None:
             scores, extra["rm_bce"] = self.token_rm.train_pass(b, sample_index, m.rewards,
@@ -281,9 +283,9 @@ class MicroStep:
         """The collectives of a micro-batch (reference, token RM, policy; forward and backward)
         on `b`, a batch of one token with no target."""
         with dev.autocast(self.env.device, self.env.dtype):
-            if self.reference is not None:
+            if self.moving_ref is not None:
                 with torch.no_grad():
-                    self.reference(b.input_ids, b.position_ids, b.attention_mask, b.labels,
+                    self.moving_ref(b.input_ids, b.position_ids, b.attention_mask, b.labels,
                                    b.layout)
             if self.token_rm is not None:
                 (self.token_rm.model(b).sum() * 0.0).backward()
@@ -309,20 +311,20 @@ def train_step(state: training.TrainState, step: int, micro: MicroStep, samples:
     last = {**offpolicy.spread(m), **training.optimizer_step(state, m["loss"], step)}
     if aux.token_rm is not None:
         aux.token_rm.step(micro.obj.rm_warmup_steps + step)
-    reference.move_reference(micro.obj, step + 1, state.policy, aux.reference, state.optimizer)
+    kl_reference.move_reference(micro.obj, step + 1, state.policy, aux.moving_ref, state.optimizer)
     return last
 
 
 def validate(state: training.TrainState, data: Rollouts, samples: list[int], aux: Auxiliary,
              batching: Batching, env: Env) -> dict[str, float]:
     """ProRL's held-out check: the validation margin, and a reset when it has stalled."""
-    margin = reference.validation_margin(state.policy, data, samples, batching, env)
+    margin = kl_reference.validation_margin(state.policy, data, samples, batching, env)
     if aux.plateau.update(margin):
-        reference.reset(state.policy, aux.reference, state.optimizer)
+        kl_reference.reset(state.policy, aux.moving_ref, state.optimizer)
     return {"val_margin": margin, "resets": aux.plateau.resets}
 
 
-def summary(obj: ObjectiveConfig, data: Rollouts, inputs: Inputs, aux: Auxiliary,
+def summary(obj: ObjectiveConfig, data: Rollouts, per_sample: PerSample, aux: Auxiliary,
             val_idx: list[int], warm: list[float], last: dict[str, float],
             lag: offpolicy.Lag) -> dict:
     """The counts the manifest and the command's summary show; the off-policy diagnostics of
@@ -331,8 +333,8 @@ def summary(obj: ObjectiveConfig, data: Rollouts, inputs: Inputs, aux: Auxiliary
     diagnosed = {k: round(v, 6) for k, v in last.items() if k.startswith("offpolicy_")}
     return {
         "objective": obj.name, "samples": len(data.ids), "positives": pos,
-        "negatives": len(data.ids) - pos, "behaviour_logprobs": inputs.behaviour,
-        **{f"behaviour_{k}": round(v, 6) for k, v in inputs.behaviour_gap.items()},
+        "negatives": len(data.ids) - pos, "behaviour_logprobs": per_sample.behaviour,
+        **{f"behaviour_{k}": round(v, 6) for k, v in per_sample.behaviour_gap.items()},
         **({"validation_samples": len(val_idx), "plateau_resets": aux.plateau.resets}
            if aux.plateau is not None else {}),
         **({"rm_warmup_bce": [round(x, 4) for x in warm]} if warm else {}),

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reasoner.rl import losses as L
+from reasoner.train_offline import losses as L
 
 
 def test_segment_mean_and_sum():

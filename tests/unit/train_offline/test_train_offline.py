@@ -6,9 +6,9 @@ import torch
 from reasoner import shards
 from reasoner import train_offline as T
 from reasoner.config import OfflineConfig
-from reasoner.rl import behaviour, reference
-from reasoner.rl.objectives import GlobalCounts, sample_signal, token_scope
-from reasoner.rl.rollouts import Batching, load_rollouts
+from reasoner.train_offline import behaviour, kl_reference
+from reasoner.train_offline.objectives import GlobalCounts, sample_signal, token_scope
+from reasoner.train_offline.rollouts import Batching, load_rollouts
 
 
 def cfg_for(model_dir, verified, out, **kw):
@@ -33,7 +33,7 @@ def grads_for(cfg, model_dir, cut):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     policy = PolicyLogprobs(model, 64)
     lp = data.old_logp
-    inputs = T.Inputs(sample_signal(obj, data).double(), token_scope(obj, data), lp, lp, "", {})
+    inputs = T.PerSample(sample_signal(obj, data).double(), token_scope(obj, data), lp, lp, "", {})
     batching = Batching.of(cfg, tok.pad_token_id)
     micro = T.MicroStep(obj, data, inputs, batching, Env(torch.device("cpu"), DistInfo(),
                                                          torch.float64))
@@ -153,7 +153,7 @@ def test_validation_triggered_reset(tmp_path, tiny_model_dir, verified_dir):
     from reasoner.models import load_tokenizer
 
     data = load_rollouts(cfg, load_tokenizer(str(tiny_model_dir)))
-    train, val = reference.split_validation(data, cfg.objective, 0)
+    train, val = kl_reference.split_validation(data, cfg.objective, 0)
     assert not set(train) & set(val) and len(train) + len(val) == counts["samples"]
 
 
@@ -236,7 +236,7 @@ def test_reference_model_anchors_the_kl_and_nothing_else(tmp_path, tiny_model_di
         cfg = cfg_for(model, verified_dir, out, objective=obj, **kw)
         data = load_rollouts(cfg, tok)
         env = training.setup(cfg.model, cfg.run)
-        return T.prepare(cfg, env, tok.pad_token_id, data, None).inputs, data
+        return T.prepare(cfg, env, tok.pad_token_id, data, None).per_sample, data
 
     anchored, data = inputs_of(tiny_model_dir, tmp_path / "a", reference=str(other))
     plain, _ = inputs_of(tiny_model_dir, tmp_path / "p")
@@ -276,7 +276,7 @@ def test_stored_behaviour_logprobs_are_checked_against_the_trainers_own(tmp_path
     batching = Batching.of(cfg, tok.pad_token_id)
     env = Env(torch.device("cpu"), DistInfo(), torch.float32)
     everything = list(range(len(data.ids)))
-    scored = reference.score(policy, data, batching.micro_batches(everything, data), batching,
+    scored = kl_reference.score(policy, data, batching.micro_batches(everything, data), batching,
                              env)
     own = [scored[i] for i in everything]
     check = lambda obj, d: behaviour.check_behaviour(  # noqa: E731
@@ -304,7 +304,7 @@ def test_the_token_reward_model_recomputes_activations_like_the_policy(
 
     from reasoner.device import DistInfo, Env
     from reasoner.models import fsdp
-    from reasoner.rl.token_rm import load_token_rm
+    from reasoner.train_offline.token_rm import load_token_rm
 
     monkeypatch.setattr(fsdp, "load_sharded", lambda cfg, src, device, dist, wrap, **kw: wrap(
         AutoModelForCausalLM.from_pretrained(src)))

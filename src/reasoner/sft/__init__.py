@@ -173,7 +173,7 @@ def run(cfg: SFTConfig) -> Path:
     identity, action = training.claim(cfg, "sft")
     if action == "complete":
         return out / "final"
-    models.check_model(cfg.model.name_or_path)
+    models.check_reachable(cfg.model.name_or_path)
     check_sinks(cfg.run.tracking)
     env = training.setup(cfg.model, cfg.run, out)
     device, dist, dtype = env.device, env.dist, env.dtype

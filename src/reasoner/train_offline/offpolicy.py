@@ -2,7 +2,7 @@
 its samples, and how long ago that was (docs/design.md, "Off-policy diagnostics").
 
 Every train-offline step compares the log-probs it computes anyway with the behaviour log-probs
-(the objective's pi_old, or those read for the diagnostics alone: rl/behaviour.py), so they cost
+(the objective's pi_old, or those read for the diagnostics alone: behaviour.py), so they cost
 no forward. With rho_t = pi(y_t) / pi_b(y_t) on the behaviour policy's own tokens:
 KL(pi_b || pi) by Schulman's k3, E[rho^2] - 1 (chi-square, what importance weights' variance
 grows with), the mean log-ratio, the share of tokens whose rho is outside [1/c, c], and the
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from reasoner import shards
 from reasoner.errors import ShardError
-from reasoner.rl import behaviour, losses
+from reasoner.train_offline import behaviour, losses
 
 BAND = 2.0  # c: a token whose rho is outside [1/2, 2] counts as far off the behaviour policy
 SQUARES = "offpolicy_seq_ratio_sq"  # E[(g - 1)^2] over samples: becomes the std (`spread`)

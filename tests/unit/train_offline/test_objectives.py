@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from reasoner.config import OfflineConfig
-from reasoner.rl.objectives import divergence, sample_signal, token_scope
-from reasoner.rl.rollouts import Rollouts
+from reasoner.train_offline.objectives import divergence, sample_signal, token_scope
+from reasoner.train_offline.rollouts import Rollouts
 
 
 def rollouts(rewards, groups, group_acc=None, ids=None):

@@ -24,8 +24,8 @@ from reasoner import outputs, shards
 from reasoner.config import ObjectiveConfig
 from reasoner.device import Env
 from reasoner.errors import ShardError, TrainingError
-from reasoner.rl import reference
-from reasoner.rl.rollouts import Batching, Rollouts
+from reasoner.train_offline import kl_reference
+from reasoner.train_offline.rollouts import Batching, Rollouts
 
 CHECKED = 16  # samples whose stored behaviour log-probs are compared with the trainer's
 
@@ -215,7 +215,7 @@ def check_behaviour(obj: ObjectiveConfig, data: Rollouts, policy: nn.Module,
     the same one (ranks deciding differently would wait forever in the recompute's forwards)."""
     dist = env.dist
     first = list(range(min(max(CHECKED, dist.dp_size), len(data.ids))))
-    scored = reference.score_share(policy, data, first, batching, env)
+    scored = kl_reference.score_share(policy, data, first, batching, env)
     mine = sorted(scored)
     sums, tops = gap_parts([list(data.old_logp[i]) for i in mine], [scored[i] for i in mine])
     if dist.sp_rank:  # a group's members scored the same samples: its first one counts them

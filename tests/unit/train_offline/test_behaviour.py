@@ -10,7 +10,7 @@ import pytest
 from reasoner import outputs, shards
 from reasoner.config import DAPOObjective, InferConfig, PCLObjective, VerifyConfig
 from reasoner.errors import TrainingError
-from reasoner.rl.behaviour import behaviour_logprobs, sampling_of
+from reasoner.train_offline.behaviour import behaviour_logprobs, sampling_of
 
 STORED = SimpleNamespace(old_logp=[[-0.1]], keys=[("p", 0)])  # rollouts with stored log-probs
 PLAIN = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
