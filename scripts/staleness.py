@@ -4,6 +4,7 @@ off-policy diagnostics plotted step by step (issue 53).
 
     python scripts/staleness.py [--run-dir runs/quickstart] [--epochs 1,4,16] [--seed 0]
         [--objectives pcl rft oreal dapo dapo-tis discounted gspo cispo oapl] [--out-dir DIR]
+    python scripts/staleness.py --report RUN_DIR [RUN_DIR ...] [--out-dir DIR]
 
 What it runs: the quickstart recipe up to its round-1 Verified shard (`reasoner run ...
 --until verified`: data, SFT, its eval, samples, verify; finished stages are skipped), then for
@@ -21,6 +22,11 @@ Writes OUT/staleness.md (pass@1 with its interval, paired differences vs SFT and
 objective at 1x, the last logged diagnostics) and OUT/staleness.png (KL, chi-square, the share
 of tokens with rho outside [1/2, 2] and the spread of the samples' geometric-mean ratio,
 against the lag in steps). The full run's CPU time: docs/train-offline.md ("Aged data").
+
+An arm takes most of an hour on a laptop CPU, so arms are run one invocation at a time, over
+days, and on more than one seed (one run folder per seed). `--report` runs nothing: it gathers
+every finished arm (its training run complete and each of its evals written) of the run folders
+given, one seed each, into one table (a seed column) and one plot, and names the arms it skipped.
 """
 
 from __future__ import annotations
@@ -123,11 +129,10 @@ def metrics(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
-def table(results: dict, evals: dict, sft: Path, mults: list[int], steps: int) -> str:
-    lines = [f"N = {steps} steps (the quickstart rl stage's); constant lr; Δ: paired bootstrap, "
-             "points (95% CI); * the interval excludes 0", "",
-             "| objective | steps | pass@1 % (95% CI) | Δ vs SFT | Δ vs itself at 1x | mean tokens "
-             "| KL k3 | χ² | ρ outside [½, 2] | geo-ratio std |", "|---" * 10 + "|"]
+def table(results: dict, evals: dict, sft: Path, mults: list[int], steps: int,
+          seed: int | None = None) -> list[str]:
+    """The table's rows of one run folder (`seed`: its seed, a column when given)."""
+    lines = []
     for name, folder in results.items():
         logged = {int(r["step"]): r for r in metrics(folder)}
         for m in mults:
@@ -136,10 +141,56 @@ def table(results: dict, evals: dict, sft: Path, mults: list[int], steps: int) -
             r = logged.get(m * steps) or logged[max(logged)]
             diag = " | ".join(f"{r[k]:.4g}" if k in r else "" for k in PLOTTED)
             itself = "" if m == mults[0] else diff(vs_1)
-            lines.append(f"| {name} | {m}x ({m * steps}) | {pct(vs_sft['pass'])} "
-                         f"({pct(vs_sft['ci'][0])}-{pct(vs_sft['ci'][1])}) | {diff(vs_sft)} | "
-                         f"{itself} | {vs_sft['tokens']:.1f} | {diag} |")
-    return "\n".join(lines) + "\n"
+            lines.append(f"| {name} | {'' if seed is None else f'{seed} | '}{m}x ({m * steps}) | "
+                         f"{pct(vs_sft['pass'])} ({pct(vs_sft['ci'][0])}-{pct(vs_sft['ci'][1])}) | "
+                         f"{diff(vs_sft)} | {itself} | {vs_sft['tokens']:.1f} | {diag} |")
+    return lines
+
+
+def header(steps: str, seeds: bool) -> list[str]:
+    return [f"N = {steps} steps (the quickstart rl stage's); constant lr; Δ: paired bootstrap, "
+            "points (95% CI); * the interval excludes 0", "",
+            f"| objective | {'seed | ' if seeds else ''}steps | pass@1 % (95% CI) | Δ vs SFT | "
+            "Δ vs itself at 1x | mean tokens | KL k3 | χ² | ρ outside [½, 2] | geo-ratio std |",
+            "|---" * (11 if seeds else 10) + "|"]
+
+
+def finished(out: Path, mults: list[int]) -> tuple[dict, dict, list[str]]:
+    """The arms of `out` whose run finished and whose evals at every multiple are written
+    (results, evals), and the names of those found unfinished."""
+    results, evals, skipped = {}, {}, []
+    for folder in sorted(out.glob("rl-*")):
+        name = folder.name.removeprefix("rl-")
+        reports = {m: out / f"eval-{name}-{m}x" for m in mults}
+        if (folder / "final").is_dir() and all((r / "report.json").exists()
+                                                 for r in reports.values()):
+            results[name] = folder
+            evals.update({(name, m): r for m, r in reports.items()})
+        else:
+            skipped.append(name)
+    return results, evals, skipped
+
+
+def report(run_dirs: list[Path], mults: list[int], out: Path) -> str:
+    """One table and one plot of the finished arms of `run_dirs` (one seed each)."""
+    rows, steps, plotted, said = [], [], {}, []
+    for run_dir in run_dirs:
+        seed = json.loads((run_dir / "pipeline.json").read_text())["recipe"]["seed"]
+        results, evals, skipped = finished(run_dir / "staleness", mults)
+        said += [f"seed {seed}: {name} unfinished, left out" for name in skipped]
+        if not results:
+            continue
+        n = default_steps(run_dir / "verified")
+        steps.append(str(n))
+        rows += table(results, evals, run_dir / "eval-sft", mults, n, seed)
+        plotted.update({f"{name} (seed {seed})": f for name, f in results.items()})
+    if not rows:
+        raise SystemExit("no finished arm in " + ", ".join(map(str, run_dirs)))
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(header(" / ".join(dict.fromkeys(steps)), True) + rows) + "\n"
+    (out / "staleness.md").write_text(text)
+    plot(plotted, mults, int(steps[0]), out / "staleness.png")
+    return text + "".join(f"\n{line}" for line in said)
 
 
 def plot(results: dict, mults: list[int], steps: int, path: Path) -> None:
@@ -169,6 +220,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, default=Path("runs/quickstart"))
     parser.add_argument("--out-dir", type=Path, help="default: RUN_DIR/staleness")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="run nothing: one table of the finished arms of these run folders")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", default="1,4,16", help="multiples of N to evaluate")
     parser.add_argument("--objectives", nargs="+", default=OBJECTIVES,
@@ -180,6 +233,9 @@ def main() -> None:
                         "sft.run.max_steps=100 for a smoke run)")
     args = parser.parse_args()
     mults = sorted({int(m) for m in args.epochs.split(",")})
+    if args.report:
+        print(report(args.report, mults, args.out_dir or args.report[0] / "staleness"))
+        return
     out = args.out_dir or args.run_dir / "staleness"
     reasoner("run", str(QUICKSTART / "recipe.yaml"), f"run_dir={args.run_dir}",
              f"seed={args.seed}", "rounds=1", *args.recipe_overrides, "--until", "verified")
@@ -195,7 +251,7 @@ def main() -> None:
     if args.eval_problems or args.eval_samples:  # SFT on the same problems and samples
         sft = evaluate(args.run_dir / "sft" / "final", args.run_dir, out / "eval-sft",
                        args.eval_problems, args.eval_samples)
-    text = table(results, evals, sft, mults, steps)
+    text = "\n".join(header(str(steps), False) + table(results, evals, sft, mults, steps)) + "\n"
     (out / "staleness.md").write_text(text)
     plot(results, mults, steps, out / "staleness.png")
     print(text)
