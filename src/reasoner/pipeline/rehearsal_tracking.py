@@ -36,8 +36,10 @@ def _tracker_class(base: type) -> type:
             total = 0
             for t in [*self.module.parameters(), *self.module.buffers()]:
                 local = t.to_local() if hasattr(t, "to_local") else t
+                if not isinstance(local, torch.Tensor):
+                    continue
                 st = local.untyped_storage()
-                if id(st) not in seen and isinstance(local, torch.Tensor):
+                if id(st) not in seen:
                     seen.add(id(st))
                     total += st.nbytes()
             return float(total)
@@ -107,6 +109,9 @@ class Collectives:
     def add(self, name: str, args: tuple) -> None:
         import torch
 
+        if name == "wait_tensor":  # waits on a collective counted when it was issued
+            return
+
         def size(x: Any) -> int:
             if isinstance(x, torch.Tensor):
                 return x.numel() * x.element_size()
@@ -116,8 +121,6 @@ class Collectives:
 
         # the tensor that crosses the link: the larger of the op's first two tensor arguments
         moved = max((size(a) for a in args[:2]), default=0)
-        if name == "wait_tensor":  # waits on a collective counted when it was issued
-            return
         key = name.strip("_").removesuffix("_")
         self.bytes[key] = self.bytes.get(key, 0.0) + moved
 
