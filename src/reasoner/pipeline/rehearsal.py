@@ -10,7 +10,9 @@ each through the trainer's own functions: sft's `step_loss` or train-offline's `
 (forward, loss, backward) and the loop's `unscale_and_clip`, then the optimiser's step, as
 `training.optimizer_step` applies a finite gradient. Each micro-batch is one row of the recipe's
 longest samples (`seq_len` tokens). torch's `FSDPMemTracker` counts every tensor by category;
-the peak is the second step's (the first has no optimiser state yet). Attention on a GPU or NPU
+the peak is the second step's (the first has no optimiser state yet). A moving reference (ProRL's
+resets, the discounted objective's average) is a second copy sharded alike, scored in every
+micro-batch and moved by the trainer's `move_reference`; its shards are a line of their own. Attention on a GPU or NPU
 runs through a stand-in of its kernel (models/stand_ins.py) that holds what the kernel holds.
 
 What a rehearsal cannot see: the CUDA / CANN context, NCCL / HCCL buffers, cuBLAS and attention
@@ -147,9 +149,10 @@ def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
     if devices > 1 and layout != "fsdp":
         return (f"run.vocab_layout {layout}: the vocabulary-parallel embedding gathers every "
                 "process's token count and selects rows by a mask (data-dependent host reads)")
-    if isinstance(cfg, OfflineConfig) and (cfg.objective.uses_token_rm or cfg.reference
-                                           or cfg.objective.resident_reference):
-        return "a reference model or OREAL's token RM beside the policy (not built yet)"
+    if isinstance(cfg, OfflineConfig) and cfg.objective.uses_token_rm:
+        return "OREAL's token RM beside the policy (not built yet)"
+    if isinstance(cfg, OfflineConfig) and cfg.objective.resident_reference and cfg.model.lora:
+        return "a LoRA moving reference, a second adapter set (not built yet)"
     if cfg.model.lora is not None and devices > 1:
         return "LoRA adapters on several processes (not built yet)"
     return ""
@@ -184,20 +187,28 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     env = Env(torch.device("cpu"), dist, dtype)
     with ExitStack() as stack:
         stack.callback(_leave_world)
-        loaded, shape = _build(stack, cfg, source, env, kind, layers, layout)
+        loaded, shape, ref = _build(stack, cfg, source, env, kind, layers, layout)
         out = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         state = training.start(cfg.model_copy(update={"output_dir": str(out)}), env, None,
                                loaded, STEPS + 1, None, "rehearsal")
         tracker = rehearsal_tracking.tracker(loaded.policy, state.optimizer)
+        apart = tracker.hold_apart(ref) if ref is not None else 0.0  # held throughout
         load = tracker.held_now()
-        micro = _micro_step(name, cfg, env, state, row)
+        micro = _micro_step(name, cfg, env, state, row, ref)
+        steps = iter(range(1, 10**9))
 
         def step(each_pass: Any) -> None:
-            """One optimiser step: the micro-batches' passes, then the update."""
+            """One optimiser step: the micro-batches' passes, then the update (and the moving
+            reference's move, as `train_offline.train_step` makes it)."""
             for _ in range(MICRO_BATCHES):
                 each_pass()  # the tracker's per-module stats take one pass each
                 micro(cfg.optim.loss_scale if state.scaler is not None else 1.0)
             _update(state, tracker)
+            if ref is not None:
+                from reasoner.train_offline import kl_reference
+
+                kl_reference.move_reference(cfg.objective, next(steps), state.policy, ref,
+                                            state.optimizer)
 
         counter = rehearsal_tracking.Collectives()
         flops = FlopCounterMode(display=False)
@@ -212,18 +223,23 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
         attention_flops = stand_ins.flops() - before
     peak = tracker.peak_by_kind()
     lines = LINES if devices > 1 else LINES_WHOLE
-    return Rehearsal(name, devices, cfg, shape, row,
-                     {k: sum(peak.get(c, 0.0) for c in cs) for k, cs in lines.items()},
-                     peak, tracker.where, load, flops.get_total_flops() + attention_flops,
-                     counter.bytes, time.perf_counter() - began)
+    by_line = {k: sum(peak.get(c, 0.0) for c in cs) for k, cs in lines.items()}
+    if ref is not None:
+        by_line["reference / token RM"] = apart
+        load += apart
+    return Rehearsal(name, devices, cfg, shape, row, by_line, peak, tracker.where, load,
+                     flops.get_total_flops() + attention_flops, counter.bytes,
+                     time.perf_counter() - began)
 
 
 def _build(stack: ExitStack, cfg: TrainerConfig, source: str, env: Any, kind: str,
-           layers: int | None, layout: str) -> tuple[Any, Any]:
-    """(training.Loaded, its shape): the stage's model as its trainer loads it, on fake
-    tensors for the rest of `stack`: built on meta (`layers` decoder layers), sharded by the
-    loader's own code over several processes, attention through the kind's kernel stand-in
-    (and the Ulysses attention around it under sequence parallelism)."""
+           layers: int | None, layout: str) -> tuple[Any, Any, Any]:
+    """(training.Loaded, its shape, the moving reference or None): the stage's model as its
+    trainer loads it, on fake tensors for the rest of `stack`: built on meta (`layers` decoder
+    layers), sharded by the loader's own code over several processes, attention through the
+    kind's kernel stand-in (and the Ulysses attention around it under sequence parallelism).
+    A moving reference (`objective.resident_reference`) is a second copy loaded alike, as
+    `train_offline.prepare` loads it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from reasoner import training
@@ -247,17 +263,23 @@ def _build(stack: ExitStack, cfg: TrainerConfig, source: str, env: Any, kind: st
     def wrap(m: Any) -> Any:
         return PolicyLogprobs(m, cfg.run.logprob_chunk, temperature, sp)
 
-    if env.dist.world_size > 1:
-        vocab = VocabSplit(layout, cfg.micro_batch_tokens, chosen=cfg.run.vocab_layout == "auto")
-        wrapped, model = build_sharded(config, mcfg, wrap, env.dtype, vocab)
-    else:
-        wrapped, model = _whole(config, cfg, env.dtype, wrap)
+    def build() -> tuple[Any, Any]:
+        if env.dist.world_size > 1:
+            vocab = VocabSplit(layout, cfg.micro_batch_tokens,
+                               chosen=cfg.run.vocab_layout == "auto")
+            return build_sharded(config, mcfg, wrap, env.dtype, vocab)
+        return _whole(config, cfg, env.dtype, wrap)
+
+    resident = isinstance(cfg, OfflineConfig) and cfg.objective.resident_reference
+    built = [build() for _ in range(1 + resident)]
     stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-    materialise(wrapped, env.device)
-    if env.dist.world_size == 1:
-        model.tie_weights()  # to_empty gave a tied head storage of its own
-    model.config._attn_implementation = attn
-    return training.Loaded(model, wrapped), shape_from_config(config.to_dict())
+    for wrapped, model in built:
+        materialise(wrapped, env.device)
+        if env.dist.world_size == 1:
+            model.tie_weights()  # to_empty gave a tied head storage of its own
+        model.config._attn_implementation = attn
+    (wrapped, model), ref = built[0], (built[1][0].eval() if resident else None)
+    return training.Loaded(model, wrapped), shape_from_config(config.to_dict()), ref
 
 
 def _update(state: Any, tracker: Any) -> None:
@@ -324,7 +346,8 @@ class _Rows:
         return [False] * PROMPT + [True] * (self.tokens - PROMPT)
 
 
-def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int) -> Any:
+def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int,
+                ref: Any = None) -> Any:
     """A function of the loss scale running the stage's own forward + backward of one
     micro-batch (a row of one sample of `row` tokens), alternately a positive and a negative
     sample for train-offline; as `training.accumulate` calls it (the scale over the
@@ -354,7 +377,7 @@ def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int) -
             per_token if obj.reads_behaviour or obj.needs_old_logprobs else None,
             per_token if obj.needs_reference else None, "rehearsed", {})
         micro = train_offline.MicroStep(obj, data, inputs,
-                                        Batching.of(cfg, 0, varlen), env)
+                                        Batching.of(cfg, 0, varlen), env, ref)
     counts = objectives.GlobalCounts(samples=rows.count, tokens=rows.count * (row - PROMPT),
                                      pos_tokens=row - PROMPT)
     calls = iter(range(10**9))

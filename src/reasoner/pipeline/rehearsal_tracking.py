@@ -14,10 +14,18 @@ def _tracker_class(base: type) -> type:
         where = ""
         paused = False
         module: Any = None
+        elsewhere: frozenset = frozenset()  # storages counted on their own (`hold_apart`)
 
         def _track(self, reftype: Any, t: Any) -> None:
-            if not self.paused:
+            if not self.paused and t.untyped_storage()._cdata not in self.elsewhere:
                 super()._track(reftype, t)
+
+        def hold_apart(self, module: Any) -> float:
+            """Leave `module`'s parameters and buffers out of every count (a model beside the
+            one tracked: its storages, seen as the output of an in-place op or a view, would
+            otherwise be counted as new memory of the moment); return their bytes."""
+            self.elsewhere = self.elsewhere | {st._cdata for st in _storages(module)}
+            return held(module)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             before = dict(self._peak_mem)
@@ -30,19 +38,7 @@ def _tracker_class(base: type) -> type:
 
         def held_now(self) -> float:
             """Bytes held by the module's parameters and buffers (this process's shards)."""
-            import torch
-
-            seen: set = set()
-            total = 0
-            for t in [*self.module.parameters(), *self.module.buffers()]:
-                local = t.to_local() if hasattr(t, "to_local") else t
-                if not isinstance(local, torch.Tensor):
-                    continue
-                st = local.untyped_storage()
-                if id(st) not in seen:
-                    seen.add(id(st))
-                    total += st.nbytes()
-            return float(total)
+            return held(self.module)
 
         def peak_by_kind(self) -> dict[str, float]:
             snap = self.get_tracker_snapshot("peak")
@@ -51,6 +47,25 @@ def _tracker_class(base: type) -> type:
                     if k != "Total"}
 
     return Tracker
+
+
+def _storages(module: Any) -> list[Any]:
+    """The storages of `module`'s parameters and buffers on this process (its shards), each
+    once (a tied weight is one)."""
+    import torch
+
+    found: dict[int, Any] = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if isinstance(local, torch.Tensor):
+            st = local.untyped_storage()
+            found.setdefault(st._cdata, st)
+    return list(found.values())
+
+
+def held(module: Any) -> float:
+    """Bytes held by `module`'s parameters and buffers on this process (its shards)."""
+    return float(sum(st.nbytes() for st in _storages(module)))
 
 
 def tracker(module: Any, optimizer: Any) -> Any:

@@ -123,23 +123,61 @@ def test_the_rehearsal_runs_the_trainers_own_step_and_the_kernels_stand_in(monke
 
 
 def test_what_cannot_be_rehearsed_yet_is_said_not_run():
-    """A vocabulary-parallel layout (data-dependent reads in its embedding), models beside the
-    policy and LoRA over several processes are refused with the reason, before any work; the
-    CLI prints the reason in the stage's place."""
+    """A vocabulary-parallel layout (data-dependent reads in its embedding), OREAL's token RM,
+    a LoRA moving reference and LoRA over several processes are refused with the reason,
+    before any work; the CLI prints the reason in the stage's place."""
     sft_cfg = stage_config("sft")
     tight = rehearsal.recipe_layout(sft_cfg, MODEL, 64, "npu")  # 64 GiB: the FSDP2 units fit
     assert tight == "fsdp" and rehearsal.not_rehearsed(sft_cfg, 64, tight) == ""
     assert "vocabulary-parallel" in rehearsal.not_rehearsed(sft_cfg, 64, "vocab-parallel")
-    oreal = stage_config("train-offline").model_copy(update={"objective": OfflineConfig.model_validate(
-        {**yaml.safe_load((PCL / "train_offline.yaml").read_text()),
-         "objective": {"name": "oreal"}}).objective})
+    oreal = with_objective({"name": "oreal"})
     assert "token RM" in rehearsal.not_rehearsed(oreal, 64, "fsdp")
     lora = one_gpu_config("train_offline_lora.yaml", "Qwen/Qwen2.5-7B-Instruct")
     assert rehearsal.not_rehearsed(lora, 1, "whole") == ""
     assert "LoRA" in rehearsal.not_rehearsed(lora, 8, "fsdp")
+    moving = lora.model_copy(update={"objective": with_objective(
+        {"name": "prorl", "kl_coef": 1e-4, "reset_every": 2}).objective})
+    assert "LoRA moving reference" in rehearsal.not_rehearsed(moving, 1, "whole")
     with pytest.raises(Exception, match="not rehearsed: run.vocab_layout vocab-parallel"):
         rehearsal.rehearse("sft", sft_cfg.model_copy(update={"run": sft_cfg.run.model_copy(
             update={"vocab_layout": "vocab-parallel"})}), MODEL, 64, "h100", LAYERS, ROW)
+
+
+def with_objective(objective: dict) -> OfflineConfig:
+    """PCL's train-offline stage with another objective."""
+    raw = yaml.safe_load((PCL / "train_offline.yaml").read_text())
+    return OfflineConfig.model_validate({**raw, "objective": objective})
+
+
+@pytest.mark.parametrize("objective", [
+    {"name": "prorl", "kl_coef": 1e-4, "reset_every": 2},  # ProRL's resets: at step 2
+    {"name": "discounted", "kl_coef": 1e-3, "ref_update_every": 1}])  # averaged every step
+def test_a_moving_reference_is_rehearsed_beside_the_policy(monkeypatch, objective):
+    """An objective whose reference moves keeps a second model, loaded and sharded as the
+    policy is (fp32 shards: 4 bytes a parameter over the processes), scored in every
+    micro-batch and moved after the update by the trainer's own `move_reference` (a reset or
+    an average, both run here); the plan's `reference / token RM` line and every other line
+    within 10% of the rehearsal."""
+    cfg = with_objective(objective)
+    assert cfg.objective.resident_reference
+    r = rehearsal.rehearse("train-offline", cfg, MODEL, 64, "h100", LAYERS, ROW)
+    rows = rehearsal_report.compare(r, "h100")
+    assert [line for line, _, _ in rows] == [*rehearsal.LINES, "reference / token RM", "total"]
+    assert rehearsal_report.mismatched(rows) == []
+    assert r.peak["reference / token RM"] == pytest.approx(4 * r.shape.params / 64, rel=1e-3)
+    assert r.load == pytest.approx(r.peak["weight shards"] + r.peak["reference / token RM"])
+    plain = rehearsed("train-offline", "h100")  # its forward adds FLOPs, not held memory
+    assert r.flops > plain.flops
+    assert r.total - r.peak["reference / token RM"] == pytest.approx(plain.total, rel=0.02)
+    real = footprint.sharded_bytes
+    for factor in (1.2, 0.8):  # the reference's line of the plan moved by 20%: caught
+        def moved(*args, factor=factor, **kwargs):
+            parts = real(*args, **kwargs)
+            return {**parts, "reference / token RM": parts["reference / token RM"] * factor}
+
+        monkeypatch.setattr(footprint, "sharded_bytes", moved)
+        off = rehearsal_report.mismatched(rehearsal_report.compare(r, "h100"))
+        assert [said.split(":")[0] for said in off] == ["reference / token RM"]
 
 
 ONE_GPU = REPO / "configs" / "gsm8k_1gpu"
