@@ -158,6 +158,7 @@ def _layer_elements(s: Shape) -> int:
 def _lm_head_backward(s: Shape, devices: int, tokens: int, dtype_bytes: int, chunk: int,
                       vocab_layout: str, adapters: int) -> dict[str, float]:
     """The first moment of the backward: the lm-head's (see `sharded_bytes`)."""
+    rest = max(0, min(chunk, tokens - chunk))  # the backward's largest chunk after the first
     chunk = min(chunk, tokens)
     if vocab_layout != "fsdp":
         half = dtype_bytes < 4 and not adapters
@@ -165,9 +166,16 @@ def _lm_head_backward(s: Shape, devices: int, tokens: int, dtype_bytes: int, chu
                 "collective buffers": dtype_bytes * s.layer_params + 4 * s.layer_params * half,
                 "temporaries": 12 * chunk * math.ceil(s.vocab / devices)}
     head_copy = 0 if adapters else (8 if dtype_bytes < 4 else 4)
+    # `logprobs._ChunkedLogprobs.backward` beside the head's fp32 copy and gradient sum
+    # (head_copy): at a chunk's softmax its fp32 logits and their softmax (8 bytes a logit),
+    # and from the second chunk on the previous chunk's dlogits (4 bytes a logit of a whole
+    # chunk); at `grad_w += dlogits.T @ h` a third vocab x hidden fp32 product beside the
+    # chunk's dlogits
+    logits = (12 * chunk if adapters else 4 * max(2 * chunk, chunk + 2 * rest)) * s.vocab
+    product = 0 if adapters else 4 * s.vocab * s.hidden + 4 * chunk * s.vocab
     return {"gathered weights": dtype_bytes * (s.vocab * s.hidden + 2 * s.hidden),
             "collective buffers": dtype_bytes * s.layer_params,
-            "temporaries": head_copy * s.vocab * s.hidden + 12 * chunk * s.vocab}
+            "temporaries": head_copy * s.vocab * s.hidden + max(logits, product)}
 
 
 def _first_layer_backward(s: Shape, tokens: int, dtype_bytes: int, vocab_layout: str,
