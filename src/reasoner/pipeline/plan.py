@@ -274,25 +274,24 @@ def _sequence_parallel_refused(shape: Shape, model: str, sp: int, devices: int) 
 
 def _advice(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float, dtype_bytes: int,
             extra: float, parts: dict[str, float]) -> str:
-    """What to change, for the largest part: never a setting that is already on."""
+    """What to change: a larger sequence-parallel size where one fits (whatever the largest
+    part: it divides activations and log-prob chunks), then what shrinks the largest part;
+    never a setting that is already on."""
     biggest = max(parts, key=parts.get)
-    if biggest == "activations":
-        options = []
-        if not cfg.run.gradient_checkpointing:
-            options.append("turn on run.gradient_checkpointing")
-        fitting = _fitting_sequence_parallel(cfg, shape, devices, mem_gib, dtype_bytes, extra)
-        if fitting:
-            sp, gib = fitting
-            options.append(f"set run.sequence_parallel={sp} (then {gib:.1f} GiB per device)")
-        options.append("lower seq_len / micro_batch (drops the long samples)")
-        advice = ", or ".join(options)
-    else:
-        advice = {"logits chunk": "lower run.logprob_chunk",
-                  "temporaries": "lower run.logprob_chunk or set run.vocab_layout=vocab-parallel",
-                  "gathered weights": "use devices with more memory",
-                  "reference / token RM": "drop the moving reference / token RM"}.get(
-                      biggest, "use more devices")
-    return f"{advice} ({biggest} is the largest part)"
+    options = []
+    if biggest == "activations" and not cfg.run.gradient_checkpointing:
+        options.append("turn on run.gradient_checkpointing")
+    fitting = _fitting_sequence_parallel(cfg, shape, devices, mem_gib, dtype_bytes, extra)
+    if fitting:
+        options.append(f"set run.sequence_parallel={fitting[0]} (then {fitting[1]:.1f} GiB "
+                       "per device)")
+    options.append({"activations": "lower seq_len / micro_batch (drops the long samples)",
+                    "logits chunk": "lower run.logprob_chunk",
+                    "temporaries": "lower run.logprob_chunk or set run.vocab_layout=vocab-parallel",
+                    "gathered weights": "use devices with more memory",
+                    "reference / token RM": "drop the moving reference / token RM"}.get(
+                        biggest, "use more devices"))
+    return f"{', or '.join(options)} ({biggest} is the largest part)"
 
 
 def _fitting_sequence_parallel(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,

@@ -13,15 +13,15 @@ PCL = REPO / "configs" / "pcl_reasoner_v1_5" / "recipe.yaml"
 @pytest.mark.parametrize("mem, kind", [(64.0, "910b"), (80.0, "h100")])
 def test_pcl_on_64_devices_fits_every_stage_with_this_trainer(mem, kind):
     """PCL-Reasoner-V1.5 on 64 devices of 64 GiB (Ascend 910B) or 80 GiB (H100): every stage
-    fits with the project's FSDP2 trainer, train-offline's 51,200-token rows shared by 4
+    fits with the project's FSDP2 trainer, train-offline's 51,200-token rows shared by 2
     processes (the recipe's run.sequence_parallel)."""
     plans = {p.name: p for p in plan.plan_recipe(PCL, 64, mem, kind)}
     assert list(plans) == ["sft", "samples", "verify", "train-offline", "aime24", "aime25"]
     assert all(p.fits for p in plans.values()), [(p.name, p.verdict) for p in plans.values()]
     rl = plans["train-offline"]
-    # a quarter of the row: each layer's checkpointed input and 4 more hidden-sized tensors
-    # of 12,800 tokens in fp16 (what the rehearsal holds: tests/unit/pipeline/test_rehearsal.py)
-    assert rl.parts["activations"] == pytest.approx((64 + 4) * 12_800 * 5120 * 2 / 2**30)
+    # half the row: each layer's checkpointed input and 4 more hidden-sized tensors of 25,600
+    # tokens in fp16 (what the rehearsal holds: tests/unit/pipeline/test_rehearsal.py)
+    assert rl.parts["activations"] == pytest.approx((64 + 4) * 25_600 * 5120 * 2 / 2**30)
     assert any(n.startswith("scoring forward") for n in rl.notes)
     # vLLM TP 8: bf16 weights are 2 bytes x 32.8B / 8 per device
     assert plans["samples"].parts["weights"] == pytest.approx(2 * 32_763_876_352 / 8 / 2**30)
@@ -63,8 +63,25 @@ def test_without_sequence_parallelism_the_advice_names_it_and_nothing_already_on
     assert "gradient_checkpointing" not in verdict and "mindspeed" not in verdict
 
 
+def test_a_sequence_parallel_size_that_fits_is_named_whatever_the_largest_part():
+    """One node of 8 x 80 GiB: AdamW state (the 32B model's moments over 8 devices) is the
+    largest part of both PCL stages, yet a larger sequence-parallel size fits each: the
+    advice names it first, with what the stage then needs, then the largest part's own fix."""
+    plans = {p.name: p for p in plan.plan_recipe(PCL, 8, 80.0, "h100")}
+    assert plans["sft"].verdict == (
+        "does not fit: set run.sequence_parallel=4 (then 78.5 GiB per device), or use more "
+        "devices (AdamW state is the largest part)")
+    assert plans["train-offline"].verdict == (
+        "does not fit: set run.sequence_parallel=8 (then 76.6 GiB per device), or use more "
+        "devices (AdamW state is the largest part)")
+    taken = {p.name: p for p in plan.plan_recipe(PCL, 8, 80.0, "h100", overrides=[
+        "sft.run.sequence_parallel=4", "train-offline.run.sequence_parallel=8"])}
+    assert taken["sft"].fits and taken["sft"].need_gib == pytest.approx(78.5, abs=0.05)
+    assert taken["train-offline"].fits
+
+
 def test_packed_rows_under_sdpa_on_a_device_count_their_mask():
-    """Asked for sdpa, train-offline's 51,200-token rows shared by 4 processes hold one flat row
+    """Asked for sdpa, train-offline's 51,200-token rows shared by 2 processes hold one flat row
     per micro-batch and its (51,200)^2-byte mask (2.44 GiB, 2.69 with the plan's 10%); left to
     choose, the plan assumes a varlen kernel and says what sdpa would add."""
     sdpa = {p.name: p for p in plan.plan_recipe(
