@@ -89,9 +89,12 @@ def under_autocast(dtype: torch.dtype) -> dict:
     rank = dist.get_rank()
     param = vocab_parallel.shard_rows(w, init_device_mesh("cpu", (2,))).requires_grad_()
     h = hs[rank].clone().requires_grad_()
-    with torch.autocast("cpu", dtype=dtype, cache_enabled=False):
-        lp = vocab_parallel.token_logprobs(h, param, ts[rank], 7)
-    (lp * coefs[rank]).sum().backward()
+    from reasoner.training.host_syncs import HostSyncs
+
+    with HostSyncs() as syncs:  # forward and backward, several chunks a process
+        with torch.autocast("cpu", dtype=dtype, cache_enabled=False):
+            lp = vocab_parallel.token_logprobs(h, param, ts[rank], 7)
+        (lp * coefs[rank]).sum().backward()
     hd, wd = torch.cat(hs).double().requires_grad_(), w.double().requires_grad_()
     exact = hd @ wd.T
     rounded = (torch.cat(hs).to(dtype) @ w.to(dtype).T).double()
@@ -106,7 +109,9 @@ def under_autocast(dtype: torch.dtype) -> dict:
 
     return {"logprob": float((lp.double() - ref[mine]).abs().max()),
             "grad_hidden": rel(h.grad, hd.grad[mine]),
-            "grad_rows": rel(param.grad.to_local(), wd.grad[start:stop])}
+            "grad_rows": rel(param.grad.to_local(), wd.grad[start:stop]),
+            "host_syncs": [f"{x.op} {x.site.split(':')[0]} {x.site.split(' ')[-1]}"
+                           for x in syncs.found]}
 
 
 def main() -> None:

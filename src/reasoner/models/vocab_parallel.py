@@ -63,9 +63,11 @@ def row_range(vocab: int, rank: int | None = None, world: int | None = None) -> 
 
 
 def _mine(ids: Tensor, start: int, rows: int) -> tuple[Tensor, Tensor]:
-    """`ids` as row numbers of the local [start, start + rows) block, and which fall in it."""
+    """`ids` as row numbers of the local [start, start + rows) block, clamped into it, and
+    which fall in it: rows are selected by the clamped numbers and the others' values zeroed,
+    never by a mask (`x[mask]` reads the device back for the count)."""
     rel = ids - start
-    return rel, (rel >= 0) & (rel < rows)
+    return rel.clamp(0, rows - 1), (rel >= 0) & (rel < rows)
 
 
 def shard_rows(weight: Tensor, mesh) -> nn.Parameter:
@@ -146,8 +148,7 @@ class _Embed(torch.autograd.Function):
         for owner, n in enumerate(sizes):
             ids_r = _from(owner, ids, (n,), ids.dtype, ids.device)
             rel, hit = _mine(ids_r, start, local.shape[0])
-            part = local.new_zeros(n, local.shape[1])
-            part[hit] = local[rel[hit]]
+            part = local.index_select(0, rel).masked_fill_(~hit[:, None], 0)
             dist.reduce(part, dst=owner)  # the sum has each id's row from the one that holds it
             if owner == me:
                 out = part
@@ -165,7 +166,7 @@ class _Embed(torch.autograd.Function):
             rel, hit = _mine(ids_r, ctx.start, ctx.shape[0])
             if ctx.padding_idx is not None:  # as nn.Embedding: no gradient for the pad row
                 hit &= ids_r != ctx.padding_idx
-            grad.index_add_(0, rel[hit], g[hit].to(grad.dtype))
+            grad.index_add_(0, rel, torch.where(hit[:, None], g, 0).to(grad.dtype))
         return None, None, None, None, None  # added into the parameter's gradient itself
 
 
@@ -193,7 +194,7 @@ class _Logprobs(torch.autograd.Function):
                 dist.all_reduce(top, op=dist.ReduceOp.MAX)
                 sumexp = (logits - top[:, None]).exp().sum(-1)
                 rel, hit = _mine(t_r[s:s + chunk_size], start, w.shape[0])
-                tgt = logits.gather(1, rel.clamp(0, w.shape[0] - 1)[:, None])[:, 0]
+                tgt = logits.gather(1, rel[:, None])[:, 0]
                 tgt = torch.where(hit, tgt, 0.0)  # the target's logit, from its one holder
                 both = torch.stack([sumexp, tgt])
                 dist.all_reduce(both)
@@ -238,7 +239,7 @@ def _backward_passes(ctx, hidden: Tensor, grad_out: Tensor, w: Tensor, wc: Tenso
             dlogits = lm_head.lowp_logits(h, wc, acc).sub_(
                 all_lse[owner][s:s + c, None]).exp_().mul_(-g)
             rel, hit = _mine(all_targets[owner][s:s + c], ctx.start, w.shape[0])
-            dlogits[hit.nonzero()[:, 0], rel[hit]] += g[hit, 0]
+            dlogits.scatter_add_(1, rel[:, None], torch.where(hit[:, None], g, 0))
             gh[s:s + c] = dlogits @ w
             grad_w += (dlogits.T @ h.to(acc)).to(grad_w.dtype)
         dist.reduce(gh, dst=owner)

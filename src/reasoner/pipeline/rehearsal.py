@@ -147,8 +147,8 @@ def recipe_layout(cfg: TrainerConfig, source: str, devices: int, kind: str,
 def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
     """Why this stage cannot be rehearsed yet ("" when it can)."""
     if devices > 1 and layout != "fsdp":
-        return (f"run.vocab_layout {layout}: the vocabulary-parallel embedding gathers every "
-                "process's token count and selects rows by a mask (data-dependent host reads)")
+        return (f"run.vocab_layout {layout}: the vocabulary-parallel embedding and lm-head "
+                "gather and read every process's token count (a data-dependent host read)")
     if isinstance(cfg, OfflineConfig) and cfg.objective.uses_token_rm:
         return "OREAL's token RM beside the policy (not built yet)"
     if isinstance(cfg, OfflineConfig) and cfg.objective.resident_reference and cfg.model.lora:

@@ -32,6 +32,10 @@ def test_two_processes_score_and_differentiate_like_one_without_gathering_the_lm
     for dtype in ("bfloat16", "float16"):
         r = result[dtype]
         assert r["logprob"] < 5e-5 and r["grad_hidden"] < 5e-5 and r["grad_rows"] < 5e-5, r
+        # the log-probs' only host reads: each process's token count, once a forward; rows
+        # are selected by clamped indices with the others zeroed, never by a mask (before: a
+        # nonzero for every owner and chunk of the backward besides)
+        assert r["host_syncs"] == ["__int__ models/vocab_parallel.py (<listcomp>)"] * 2, r
 
 
 @pytest.mark.parametrize("vocab,world", [(101, 2), (100, 2), (151_936, 8), (7, 3), (5, 4)])
