@@ -12,8 +12,8 @@ each through the trainer's own functions: sft's `step_loss` or train-offline's `
 longest samples (`seq_len` tokens). torch's `FSDPMemTracker` counts every tensor by category;
 the peak is the second step's (the first has no optimiser state yet). A moving reference (ProRL's
 resets, the discounted objective's average) is a second copy sharded alike, scored in every
-micro-batch and moved by the trainer's `move_reference`; its shards are a line of their own. Attention on a GPU or NPU
-runs through a stand-in of its kernel (models/stand_ins.py) that holds what the kernel holds.
+micro-batch and moved by the trainer's `move_reference`; its shards are a line of their own.
+Attention on a GPU or NPU runs through a stand-in of its kernel (models/stand_ins.py).
 
 What a rehearsal cannot see: the CUDA / CANN context, NCCL / HCCL buffers, cuBLAS and attention
 workspaces, the allocator's fragmentation (the plan's 10% margin stands for them: `plan.MARGIN`),
@@ -23,6 +23,7 @@ bytes at an assumed link bandwidth).
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from contextlib import ExitStack
@@ -195,7 +196,7 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
         apart = tracker.hold_apart(ref) if ref is not None else 0.0  # held throughout
         load = tracker.held_now()
         micro = _micro_step(name, cfg, env, state, row, ref)
-        steps = iter(range(1, 10**9))
+        steps = itertools.count(1)  # the optimiser steps taken, 1-based as the trainer's
 
         def step(each_pass: Any) -> None:
             """One optimiser step: the micro-batches' passes, then the update (and the moving

@@ -17,15 +17,17 @@ def _tracker_class(base: type) -> type:
         elsewhere: frozenset = frozenset()  # storages counted on their own (`hold_apart`)
 
         def _track(self, reftype: Any, t: Any) -> None:
-            if not self.paused and t.untyped_storage()._cdata not in self.elsewhere:
-                super()._track(reftype, t)
+            if self.paused or (self.elsewhere and t.untyped_storage()._cdata in self.elsewhere):
+                return
+            super()._track(reftype, t)
 
         def hold_apart(self, module: Any) -> float:
             """Leave `module`'s parameters and buffers out of every count (a model beside the
             one tracked: its storages, seen as the output of an in-place op or a view, would
             otherwise be counted as new memory of the moment); return their bytes."""
-            self.elsewhere = self.elsewhere | {st._cdata for st in _storages(module)}
-            return held(module)
+            storages = _storages(module)
+            self.elsewhere = self.elsewhere | {st._cdata for st in storages}
+            return float(sum(st.nbytes() for st in storages))
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             before = dict(self._peak_mem)
