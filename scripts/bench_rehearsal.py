@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 # (name, recipe, devices, kind): PCL at its published scale on both device kinds
 CASES = {"pcl-h100": ("configs/pcl_reasoner_v1_5/recipe.yaml", 64, "h100"),
          "pcl-910b": ("configs/pcl_reasoner_v1_5/recipe.yaml", 64, "910b"),
+         # ... and on one node, where `auto` picks the vocabulary-parallel layout
+         "pcl-8xh100": ("configs/pcl_reasoner_v1_5/recipe.yaml", 8, "h100"),
+         "pcl-8xh200": ("configs/pcl_reasoner_v1_5/recipe.yaml", 8, "h200"),
          # the one-GPU recipes, each on the card it names
          "gsm8k-0.5b-l4": ("configs/gsm8k_1gpu/recipe.yaml", 1, "l4"),
          "gsm8k-1.5b-h100": ("configs/gsm8k_1gpu/recipe_1p5b.yaml", 1, "h100"),

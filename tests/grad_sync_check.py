@@ -48,7 +48,7 @@ def main(out: str) -> None:
         seen.append(all(held))
         return training.MicroOut({"n": 1.0})
 
-    training.accumulate(run, [0, 1, 2], step, dummy=0)
+    training.accumulate(run, 3, step)
     policy.zero_grad(set_to_none=True)
     dist.barrier()  # every reduce-scatter done on both processes before either leaves
     if rank == 0:

@@ -4,7 +4,8 @@ with a vocab-parallel embedding and lm-head, against the same model whole in eac
     python -m torch.distributed.run --nproc_per_node=2 tests/vocab_parallel_check.py OUT.json
 
 Each process scores its own row of a 2-row batch (different numbers of label tokens, pad
-tokens in the inputs, and a third step where process 1 has no label tokens at all); the whole
+tokens in the inputs, and a third step where process 1 has no label tokens at all; from the
+second step on, every process's counts handed in with the batch's layout); the whole
 model scores both rows (then, under bf16 / fp16 autocast, the log-probs alone against an
 fp64 reference). fp64, so that the sums over processes in another order agree to
 ~1e-12. Rank 0 writes the largest differences, and the rows of the lm-head each process held
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from tests_helpers import leave_process_group
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from reasoner.data.packing import Layout, peer_sizes
 from reasoner.models.fsdp import shard_modules
 from reasoner.models.logprobs import PolicyLogprobs
 from reasoner.models.vocab_layout import VocabSplit
@@ -58,7 +60,11 @@ def run(tied: bool) -> dict:
         lp_all = ref(ids, pos, None, labels)
         coef = torch.linspace(-1.0, 2.0, lp_all.shape[0], dtype=lp_all.dtype)
         (lp_all * coef).sum().backward()
-        lp = pol(ids[rank:rank + 1], pos[rank:rank + 1], None, labels[rank:rank + 1])
+        layout = None  # step 0: every process's counts gathered from the device
+        if step > 0:  # the trainers' way: every process's counts known on the host
+            both = [Layout.of(labels[r:r + 1]) for r in range(2)]
+            layout = both[rank].with_peers(peer_sizes(both))
+        lp = pol(ids[rank:rank + 1], pos[rank:rank + 1], None, labels[rank:rank + 1], layout)
         head = pol.model.get_output_embeddings().weight
         local = head.to_local() if hasattr(head, "to_local") else head
         out["head_rows_in_forward"].append(local.shape[0])
@@ -91,10 +97,18 @@ def under_autocast(dtype: torch.dtype) -> dict:
     h = hs[rank].clone().requires_grad_()
     from reasoner.training.host_syncs import HostSyncs
 
+    counts = ((0, 20), (0, 13))  # every process's targets, known on the host (no ids here)
     with HostSyncs() as syncs:  # forward and backward, several chunks a process
-        with torch.autocast("cpu", dtype=dtype, cache_enabled=False):
+        with torch.autocast("cpu", dtype=dtype, cache_enabled=False), \
+                vocab_parallel.known_sizes(counts):
             lp = vocab_parallel.token_logprobs(h, param, ts[rank], 7)
         (lp * coefs[rank]).sum().backward()
+    refused = ""
+    try:  # a layout that says otherwise than the tokens at hand: refused before any collective
+        with vocab_parallel.known_sizes(((0, 13), (0, 20))):
+            vocab_parallel.token_logprobs(h, param, ts[rank], 7)
+    except RuntimeError as e:
+        refused = str(e)
     hd, wd = torch.cat(hs).double().requires_grad_(), w.double().requires_grad_()
     exact = hd @ wd.T
     rounded = (torch.cat(hs).to(dtype) @ w.to(dtype).T).double()
@@ -111,7 +125,7 @@ def under_autocast(dtype: torch.dtype) -> dict:
             "grad_hidden": rel(h.grad, hd.grad[mine]),
             "grad_rows": rel(param.grad.to_local(), wd.grad[start:stop]),
             "host_syncs": [f"{x.op} {x.site.split(':')[0]} {x.site.split(' ')[-1]}"
-                           for x in syncs.found]}
+                           for x in syncs.found], "refused": refused}
 
 
 def main() -> None:

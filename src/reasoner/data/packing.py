@@ -14,15 +14,16 @@ back from the device (a host sync each time, and impossible on fake tensors: iss
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 IGNORE = -100  # label of tokens outside the loss
+T = TypeVar("T")
 
 
 def pack(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -72,7 +73,7 @@ def dummy_batch(pad_id: int) -> Batch:
     one = torch.full((1, 1), pad_id, dtype=torch.long)
     return Batch(one, torch.full((1, 1), IGNORE, dtype=torch.long), torch.zeros((1, 1),
                  dtype=torch.long), None, torch.full((1, 1), -1, dtype=torch.long), 0, 0,
-                 Layout(np.zeros(0, dtype=np.int64), (1,)))
+                 DUMMY)
 
 
 def efficiency(lengths: Sequence[int], bins: list[list[int]], capacity: int) -> float:
@@ -89,6 +90,10 @@ class Layout:
     targets: np.ndarray  # (N,) int64: flat positions (row-major over (B, T)) with a target
     seq_lens: tuple[int, ...] = ()  # the rows' sequences back to back, padding one of them
     # (what a varlen kernel needs of one flat row); () for padded rows (they have a mask)
+    tokens: int = 0  # B x T, the input tokens (0: not said)
+    # every process's (input tokens, targets) of this micro-batch's pass, by rank, as the
+    # vocabulary-parallel embedding and lm-head exchange them (`peer_sizes`); None: not known
+    peers: tuple[tuple[int, int], ...] | None = None
 
     def index(self, device: torch.device) -> Tensor:
         """The targets' positions as a tensor on `device` (N,): a copy to it, no read back."""
@@ -105,7 +110,19 @@ class Layout:
 
     def padded(self, extra: int) -> Layout:
         """The layout of the rows with `extra` pad tokens after them (a sequence of its own)."""
-        return Layout(self.targets, self.seq_lens + ((extra,) if extra else ()))
+        return Layout(self.targets, self.seq_lens + ((extra,) if extra else ()),
+                      self.tokens + extra, self.peers)
+
+    def slices(self, size: int) -> list[tuple[int, int]]:
+        """(input tokens, targets) of each of the `size` equal, contiguous slices of the rows
+        as one flat row padded to a multiple of `size` (what `sequence_parallel.split` gives
+        each process of a group; `size` 1: the whole)."""
+        width = -(-self.tokens // size)
+        held = np.bincount(self.targets // width, minlength=size) if width else [0] * size
+        return [(width, int(n)) for n in held]
+
+    def with_peers(self, peers: Sequence[tuple[int, int]] | None) -> Layout:
+        return replace(self, peers=None if peers is None else tuple(peers))
 
     @classmethod
     def of(cls, labels: Tensor, position_ids: Tensor | None = None) -> Layout:
@@ -114,13 +131,33 @@ class Layout:
         restarting at 0 for each sequence) give the sequences; None: none are found."""
         keep = labels.reshape(-1) >= 0
         if position_ids is None:
-            return cls(np.flatnonzero(keep.tolist()).astype(np.int64))
+            return cls(np.flatnonzero(keep.tolist()).astype(np.int64), (), labels.numel())
         keep, first = np.array(torch.stack([keep, position_ids.reshape(-1) == 0]).tolist())
         starts = np.flatnonzero(first)
         if not len(starts) or starts[0] != 0:
             starts = np.concatenate([[0], starts])
         lengths = np.diff(np.append(starts, len(first)))
-        return cls(np.flatnonzero(keep).astype(np.int64), tuple(int(n) for n in lengths))
+        return cls(np.flatnonzero(keep).astype(np.int64), tuple(int(n) for n in lengths),
+                   labels.numel())
+
+
+DUMMY = Layout(np.zeros(0, dtype=np.int64), (1,), 1)  # the dummy pass's one pad token
+
+
+def peer_sizes(layouts: Sequence[Layout], sp_size: int = 1) -> tuple[tuple[int, int], ...]:
+    """Every process's (input tokens, targets) of a pass, by rank, from the layouts of every
+    data-parallel group's micro-batch of that pass (`layouts[g]`, its group's rows; a group of
+    `sp_size` consecutive ranks splits them, `Layout.slices`): what each process computes on
+    the host for all, instead of gathering the counts from the device every pass."""
+    return tuple(part for lay in layouts for part in lay.slices(sp_size))
+
+
+def pass_peers(every: Sequence[Sequence[T]], layout_of: Callable[[T], Layout], sp_size: int
+               ) -> list[tuple[tuple[int, int], ...]]:
+    """`peer_sizes` of each pass of a step, from every data-parallel group's micro-batches
+    (`every[g]`, each laid out by `layout_of`); a group past its own runs the dummy pass."""
+    return [peer_sizes([layout_of(g[j]) if j < len(g) else DUMMY for g in every], sp_size)
+            for j in range(max(map(len, every), default=0))]
 
 
 @dataclass
@@ -162,29 +199,50 @@ def collate_packed(rows: list[list[tuple[list[int], list[bool]]]], seq_len: int,
     position_ids = torch.zeros((B, seq_len), dtype=torch.long)
     segment = torch.full((B, seq_len), -1, dtype=torch.long)
     k = 0
-    targets: list[int] = []
-    seq_lens: list[int] = []
     for r, samples in enumerate(rows):
         start = 0
         for ids, loss_mask in samples:
             n = len(ids)
             end = start + n
-            shifted = _shifted_labels(ids, loss_mask)
             input_ids[r, start:end] = torch.tensor(ids)
-            labels[r, start:end] = torch.tensor(shifted)
+            labels[r, start:end] = torch.tensor(_shifted_labels(ids, loss_mask))
             position_ids[r, start:end] = torch.arange(n)
             segment[r, start:end] = k
-            targets += [r * seq_len + t for t in range(start, end) if shifted[t - start] != IGNORE]
-            seq_lens.append(n)
             start, k = end, k + 1
         position_ids[r, start:] = torch.arange(seq_len - start)
-        seq_lens += [seq_len - start] if start < seq_len else []
     if flat:
         input_ids, labels, position_ids, segment = (
             t.reshape(1, -1) for t in (input_ids, labels, position_ids, segment))
     real = sum(len(ids) for samples in rows for ids, _ in samples)
     return Batch(input_ids, labels, position_ids, None, segment, k, real,
-                 Layout(np.array(targets, dtype=np.int64), tuple(seq_lens)))
+                 _packed_layout([[(len(ids), m) for ids, m in row] for row in rows], seq_len))
+
+
+def _kept(loss_mask: Sequence[bool], n: int) -> np.ndarray:
+    """The positions t < n of a sample with a target (`_shifted_labels`: token t + 1 scored)."""
+    return np.flatnonzero(np.asarray(loss_mask[1:n], dtype=bool))
+
+
+def _packed_layout(rows: list[list[tuple[int, Sequence[bool]]]], seq_len: int) -> Layout:
+    """`collate_packed`'s layout from each sample's (length, loss mask), on the host."""
+    targets: list[np.ndarray] = []
+    seq_lens: list[int] = []
+    for r, samples in enumerate(rows):
+        start = 0
+        for n, loss_mask in samples:
+            targets.append(r * seq_len + start + _kept(loss_mask, n))
+            seq_lens.append(n)
+            start += n
+        seq_lens += [seq_len - start] if start < seq_len else []
+    return Layout(np.concatenate(targets).astype(np.int64) if targets
+                  else np.zeros(0, dtype=np.int64), tuple(seq_lens), len(rows) * seq_len)
+
+
+def _padded_layout(samples: list[tuple[int, Sequence[bool]]]) -> Layout:
+    """`collate_padded`'s layout from each sample's (length, loss mask), on the host."""
+    T = max(n for n, _ in samples)
+    return Layout(np.concatenate([r * T + _kept(m, n) for r, (n, m) in enumerate(samples)])
+                  .astype(np.int64), (), len(samples) * T)
 
 
 def collate_padded(samples: list[tuple[list[int], list[bool]]], pad_id: int) -> Batch:
@@ -194,19 +252,16 @@ def collate_padded(samples: list[tuple[list[int], list[bool]]], pad_id: int) -> 
     labels = torch.full((B, T), IGNORE, dtype=torch.long)
     attention = torch.zeros((B, T), dtype=torch.long)
     segment = torch.full((B, T), -1, dtype=torch.long)
-    targets: list[int] = []
     for r, (ids, loss_mask) in enumerate(samples):
         n = len(ids)
-        shifted = _shifted_labels(ids, loss_mask)
         input_ids[r, :n] = torch.tensor(ids)
-        labels[r, :n] = torch.tensor(shifted)
+        labels[r, :n] = torch.tensor(_shifted_labels(ids, loss_mask))
         attention[r, :n] = 1
         segment[r, :n] = r
-        targets += [r * T + t for t in range(n) if shifted[t] != IGNORE]
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     real = sum(len(ids) for ids, _ in samples)
     return Batch(input_ids, labels, position_ids, attention, segment, B, real,
-                 Layout(np.array(targets, dtype=np.int64)))
+                 _padded_layout([(len(ids), m) for ids, m in samples]))
 
 
 class TokenRows(Protocol):
@@ -230,3 +285,17 @@ def collate(data: TokenRows, rows: list[list[int]], packed: bool, width: int | N
         longest = max(sum(len(ids) for ids, _ in row) for row in samples)
         return collate_packed(samples, width or longest, pad_id, flat=flat)
     return collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad_id)
+
+
+def layout_of(data: TokenRows, rows: list[list[int]], packed: bool, width: int | None) -> Layout:
+    """The layout `collate` gives these rows, found on the host without building the tensors
+    (another process's micro-batch: `peer_sizes`)."""
+    if not rows:
+        return DUMMY
+    lengths = [[len(data.ids[i]) for i in row] for row in rows]
+    if packed:
+        longest = max(sum(row) for row in lengths)
+        return _packed_layout([[(n, data.loss_mask(i)) for n, i in zip(ns, row, strict=True)]
+                               for ns, row in zip(lengths, rows, strict=True)], width or longest)
+    return _padded_layout([(ns[0], data.loss_mask(row[0])) for ns, row in zip(lengths, rows,
+                                                                          strict=True)])

@@ -74,8 +74,8 @@ def whole_bytes(s: Shape, tokens: int, dtype_bytes: int, checkpointing: bool, lo
     head = 0 if adapters else 4 + (dtype_bytes if dtype_bytes < 4 else 0)
     moments = [{"temporaries": head * s.vocab * s.hidden
                 + 12 * min(logprob_chunk, tokens) * s.vocab},
-               {"temporaries": _first_layer_backward(s, tokens, dtype_bytes, "whole",
-                                                     adapters)["temporaries"]}]
+               {"temporaries": _layer_backward(s, tokens, dtype_bytes, "whole",
+                                               adapters)[0]["temporaries"]}]
     if adapters:
         moments[1]["temporaries"] = (s.hidden + s.intermediate) * dtype_bytes * tokens
     _activations(moments, s, tokens, dtype_bytes, checkpointing,
@@ -91,18 +91,20 @@ def whole_bytes(s: Shape, tokens: int, dtype_bytes: int, checkpointing: bool, lo
 
 def _activations(moments: list[dict], s: Shape, tokens: int, dtype_bytes: int,
                  checkpointing: bool, res: int, recomputed: str = "temporaries") -> None:
-    """Each moment's activations: the lm-head's, then the last layer's, whose activations are
+    """Each moment's activations: the lm-head's, then the layers', whose activations are
     recomputed under checkpointing (counted as `recomputed`: FSDPMemTracker says temporaries,
     MemTracker activations)."""
     extra = EXTRA_HIDDEN_BYTES[res] * s.hidden * tokens
     saved = _layer_elements(s) * dtype_bytes * tokens  # one layer's, for its backward
-    if checkpointing:  # every layer's input, and at the lm-head a few more hidden-sized tensors
-        moments[0]["activations"] = s.layers * tokens * s.hidden * res + extra
-        moments[1]["activations"] = s.layers * tokens * s.hidden * res
-        moments[1][recomputed] += saved
-    else:  # every layer's saved tensors
-        moments[0]["activations"] = s.layers * saved + extra
-        moments[1]["activations"] = s.layers * saved
+    moments[0]["activations"] = s.layers * (tokens * s.hidden * res if checkpointing
+                                            else saved) + extra
+    for m in moments[1:]:  # a layer's backward, with the layers below it still held
+        held = m.pop("layers held", s.layers)
+        if checkpointing:  # every layer's input, and at the lm-head a few more hidden-sized
+            m["activations"] = held * tokens * s.hidden * res
+            m[recomputed] += saved
+        else:  # every layer's saved tensors
+            m["activations"] = held * saved
 
 
 # Elements per token a decoder layer keeps for its backward without checkpointing, in hidden
@@ -125,14 +127,14 @@ def sharded_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpo
     AdamW's two moments, what is gathered, the collective buffers, activations and the
     temporaries of the lm-head's backward.
 
-    The peak is the larger of two moments of the backward. The lm-head's, first: with the head
-    an FSDP2 unit of its own (`fsdp`), the head gathered in the compute dtype, the next layer's
-    all-gather buffer, and `logprobs._ChunkedLogprobs`' temporaries: below fp32 an fp32 copy of
-    the head and its fp32 gradient sum (8 bytes x vocab x hidden), and for a chunk of tokens its
-    logits, their softmax and its gradient (12 bytes x chunk x vocab). Then the last decoder
-    layer's (`_first_layer_backward`), larger with many tokens per process (sft's 32K rows).
-    Vocabulary-parallel, each device's rows only (not rehearsed yet: the vocabulary-parallel
-    embedding reads data-shaped counts, see docs/hardware.md)."""
+    The peak is the largest of a few moments of the backward. The lm-head's, first: with the
+    head an FSDP2 unit of its own (`fsdp`), the head gathered in the compute dtype, the next
+    layer's all-gather buffer, and `logprobs._ChunkedLogprobs`' temporaries: below fp32 an fp32
+    copy of the head and its fp32 gradient sum (8 bytes x vocab x hidden), and for a chunk of
+    tokens its logits, their softmax and its gradient (12 bytes x chunk x vocab);
+    vocabulary-parallel, each device's rows only. Then the decoder layers' (`_layer_backward`),
+    larger with many tokens per process (sft's 32K rows) or a vocabulary-parallel lm-head (its
+    rows' gradient stays on the device, so the largest buffer in flight is a layer's)."""
     trained = adapters or s.params
     out = {"weight shards": ((dtype_bytes * s.params + 4 * adapters) if adapters
                              else 4 * s.params) / devices,
@@ -140,7 +142,7 @@ def sharded_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpo
            "AdamW state": 8 * trained / devices}
     moments = [_lm_head_backward(s, devices, tokens, dtype_bytes, logprob_chunk, vocab_layout,
                                  adapters),
-               _first_layer_backward(s, tokens, dtype_bytes, vocab_layout, adapters)]
+               *_layer_backward(s, tokens, dtype_bytes, vocab_layout, adapters)]
     _activations(moments, s, tokens, dtype_bytes, checkpointing,
                  residual_bytes(dtype_bytes, devices, adapters > 0))
     out.update(max(moments, key=lambda m: sum(m.values())))
@@ -178,16 +180,26 @@ def _lm_head_backward(s: Shape, devices: int, tokens: int, dtype_bytes: int, chu
             "temporaries": head_copy * s.vocab * s.hidden + max(logits, product)}
 
 
-def _first_layer_backward(s: Shape, tokens: int, dtype_bytes: int, vocab_layout: str,
-                          adapters: int) -> dict[str, float]:
-    """The next moment: the last decoder layer's backward, its gradients' temporaries held (2
-    hidden and 2 intermediate sizes a token beside its recomputed activations, as rehearsed:
-    `_activations` adds those), gathered, the next layer's all-gather buffer beside it, and an
-    FSDP2 lm-head's fp32 gradient still reduce-scattering."""
+def _layer_backward(s: Shape, tokens: int, dtype_bytes: int, vocab_layout: str,
+                    adapters: int) -> list[dict[str, float]]:
+    """The next moments: a decoder layer's backward, its gradients' temporaries held (2 hidden
+    and 2 intermediate sizes a token beside its recomputed activations, as rehearsed:
+    `_activations` adds those), gathered, the next layer's all-gather buffer beside it (none
+    below the first layer), and the fp32 gradient of the unit before it still reduce-scattering:
+    at the last layer an FSDP2 lm-head's; at the one below, the last layer's, one layer's
+    input fewer held then ("layers held")."""
     head_grad = 4 * s.vocab * s.hidden if vocab_layout == "fsdp" and not adapters else 0
-    return {"gathered weights": dtype_bytes * (2 * s.hidden + s.layer_params),
-            "collective buffers": dtype_bytes * s.layer_params + head_grad,
-            "temporaries": (2 * s.hidden + 2 * s.intermediate) * dtype_bytes * tokens}
+    def moment(buffers: float, held: int) -> dict[str, float]:
+        return {"gathered weights": dtype_bytes * (2 * s.hidden + s.layer_params),
+                "collective buffers": buffers,
+                "temporaries": (2 * s.hidden + 2 * s.intermediate) * dtype_bytes * tokens,
+                "layers held": held}
+
+    moments = [moment(dtype_bytes * s.layer_params + head_grad, s.layers)]
+    if s.layers > 1 and not adapters:
+        moments.append(moment(dtype_bytes * s.layer_params * (s.layers > 2)
+                              + 4 * s.layer_params, s.layers - 1))
+    return moments
 
 
 def packed_mask_bytes(micro_batch: int, row_tokens: int, sequence_parallel: int = 1,

@@ -117,6 +117,13 @@ class PolicyLogprobs(nn.Module):
         if layout is None:
             flat = attention_mask is None and input_ids.shape[0] == 1
             layout = Layout.of(labels, position_ids if flat else None)
+        from reasoner.models import vocab_parallel
+
+        with vocab_parallel.known_sizes(layout.peers):  # every process's counts, if known
+            return self._forward(input_ids, position_ids, attention_mask, labels, layout)
+
+    def _forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor | None,
+                 labels: Tensor, layout: Layout) -> Tensor:
         if not self.sp.on:
             return self._logprobs(input_ids, position_ids, attention_mask, labels,
                                   layout.index(labels.device),

@@ -19,11 +19,19 @@ a time, as in Megatron's vocab-parallel embedding and cross-entropy.
 The gradient each process holds for its rows is the sum over every process's tokens, as
 FSDP2's reduce-scatter gives the sharded parameters (`fsdp.sum_only`). Every process must
 call these functions the same number of times, in the same order, like FSDP2's own gathers.
+
+How many tokens each owner broadcasts is every process's business: the trainers compute every
+process's counts of a pass on the host (`packing.peer_sizes`) and hand them in with the batch's
+layout (`known_sizes`, set by `PolicyLogprobs`); without them the counts are all-gathered and
+read back from the device, a host sync in each forward (and impossible on fake tensors).
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -123,8 +131,36 @@ def shard_vocab(model: nn.Module, mesh) -> list[nn.Parameter]:
     return params
 
 
-def _sizes(n: int, device: torch.device) -> list[int]:
-    """Every process's `n`."""
+# every process's (input tokens, targets) of the pass now running, by rank; None: unknown
+_KNOWN: contextvars.ContextVar[tuple[tuple[int, int], ...] | None] = contextvars.ContextVar(
+    "vocab_parallel_sizes", default=None)
+TOKENS, TARGETS = 0, 1  # which count of a process's pair: the embedding's, the lm-head's
+
+
+@contextmanager
+def known_sizes(peers: tuple[tuple[int, int], ...] | None) -> Iterator[None]:
+    """Within: every process's (input tokens, targets), by rank, as the host knows them
+    (`packing.Layout.peers`); None: read from the device."""
+    token = _KNOWN.set(peers)
+    try:
+        yield
+    finally:
+        _KNOWN.reset(token)
+
+
+def _sizes(n: int, device: torch.device, which: int) -> list[int]:
+    """Every process's `n` (its count `which` of the pass): as the host knows them, else
+    gathered and read back."""
+    known = _KNOWN.get()
+    if known is not None:
+        if len(known) != dist.get_world_size() or known[dist.get_rank()][which] != n:
+            raise RuntimeError(
+                f"vocab-parallel: the batch's layout gives process {dist.get_rank()} "
+                f"{known[dist.get_rank()][which] if len(known) > dist.get_rank() else '?'} "
+                f"{('input tokens', 'targets')[which]} of {len(known)} processes' counts, but it "
+                f"has {n} of {dist.get_world_size()}: the trainers' `packing.peer_sizes` and "
+                "their collator disagree")
+        return [p[which] for p in known]
     mine = torch.tensor([n], dtype=torch.int64, device=device)
     out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(out, mine)
@@ -143,7 +179,7 @@ class _Embed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids: Tensor, local: Tensor, start: int, padding_idx: int | None,
                 param: tuple) -> Tensor:
-        me, sizes = dist.get_rank(), _sizes(ids.numel(), ids.device)
+        me, sizes = dist.get_rank(), _sizes(ids.numel(), ids.device, TOKENS)
         all_ids, out = [], None
         for owner, n in enumerate(sizes):
             ids_r = _from(owner, ids, (n,), ids.dtype, ids.device)
@@ -178,7 +214,7 @@ class _Logprobs(torch.autograd.Function):
                 chunk_size: int, param: tuple) -> Tensor:
         acc = torch.promote_types(hidden.dtype, torch.float32)
         compute = lm_head.compute_dtype(hidden)
-        me, sizes = dist.get_rank(), _sizes(hidden.shape[0], hidden.device)
+        me, sizes = dist.get_rank(), _sizes(hidden.shape[0], hidden.device, TARGETS)
         w = local.to(compute)
         all_targets, all_lse, out = [], [], None
         for owner, n in enumerate(sizes):

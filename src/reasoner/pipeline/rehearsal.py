@@ -112,15 +112,11 @@ def fake_world(devices: int, sp: int) -> Any:
 
     from reasoner.device import DistInfo
 
-    if tdist.is_initialized():
-        tdist.destroy_process_group()
+    _leave_world()
     tdist.init_process_group("fake", rank=0, world_size=devices, store=FakeStore())
-    group = None
-    if sp > 1:
-        for first in range(0, devices, sp):
-            made = tdist.new_group(list(range(first, first + sp)))
-            group = made if first == 0 else group
-    return DistInfo(0, devices, 0, sp, group)
+    groups = [tdist.new_group(list(range(first, first + sp))) for first in range(0, devices, sp)
+              ] if sp > 1 else [None]
+    return DistInfo(0, devices, 0, sp, groups[0])
 
 
 def _leave_world() -> None:
@@ -147,9 +143,6 @@ def recipe_layout(cfg: TrainerConfig, source: str, devices: int, kind: str,
 
 def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
     """Why this stage cannot be rehearsed yet ("" when it can)."""
-    if devices > 1 and layout != "fsdp":
-        return (f"run.vocab_layout {layout}: the vocabulary-parallel embedding and lm-head "
-                "gather and read every process's token count (a data-dependent host read)")
     if isinstance(cfg, OfflineConfig) and cfg.objective.uses_token_rm:
         return "OREAL's token RM beside the policy (not built yet)"
     if isinstance(cfg, OfflineConfig) and cfg.objective.resident_reference and cfg.model.lora:
@@ -353,16 +346,21 @@ def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int,
     micro-batch (a row of one sample of `row` tokens), alternately a positive and a negative
     sample for train-offline; as `training.accumulate` calls it (the scale over the
     sequence-parallel group's size)."""
-    from reasoner import sft
+    from reasoner import sft, training
+    from reasoner.data import packing
 
     varlen = env.dist.sp_size > 1 or state.model.config._attn_implementation.startswith("flash")
     share = 1.0 / env.dist.sp_size
     rows = _Rows(MICRO_BATCHES, row)
+    def peers(layout: Any) -> Any:  # every process's counts, as the trainers hand them in
+        return packing.peer_sizes([layout] * env.dist.dp_size, env.dist.sp_size) \
+            if training.exchanges_counts(state) else None
+
     if not isinstance(cfg, OfflineConfig):
-        denom = float(MICRO_BATCHES * (row - PROMPT))
-        return lambda scale: sft.step_loss(
-            state.policy, sft.collate(rows, [[0]], cfg, 0, varlen), denom, scale * share,
-            env.device, env.dtype)
+        denom, b = float(MICRO_BATCHES * (row - PROMPT)), sft.collate(rows, [[0]], cfg, 0, varlen)
+        b.layout = b.layout.with_peers(peers(b.layout))  # every pass's batch alike
+        return lambda scale: sft.step_loss(state.policy, b, denom, scale * share, env.device,
+                                           env.dtype)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from reasoner import train_offline
@@ -382,8 +380,9 @@ def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int,
     counts = objectives.GlobalCounts(samples=rows.count, tokens=rows.count * (row - PROMPT),
                                      pos_tokens=row - PROMPT)
     calls = iter(range(10**9))
+    each = peers(micro.batching.layout_of(data, [[0]]))  # every sample the same length
     return lambda scale: micro(state.policy, [[next(calls) % rows.count]], counts,
-                               scale * share)
+                               scale * share, each)
 
 
 def _rollouts(rows: _Rows) -> Any:

@@ -21,6 +21,60 @@ def _tracker_class(base: type) -> type:
                 return
             super()._track(reftype, t)
 
+        def __enter__(self) -> Any:
+            # DTensor's sharding propagation runs each new op on fake tensors of the whole
+            # (unsharded) size, under the rehearsal's own fake mode: shapes, not memory (a
+            # vocab-parallel matrix's AdamW state would count 8x at 8 processes). Paused there.
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            real = ShardingPropagator._propagate_tensor_meta_non_cached
+            tracker = self
+
+            def propagate(prop: Any, *args: Any, **kwargs: Any) -> Any:
+                was, tracker.paused = tracker.paused, True
+                try:
+                    return real(prop, *args, **kwargs)
+                finally:
+                    tracker.paused = was
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+            entered = super().__enter__()
+            self._unpatch = [lambda: setattr(ShardingPropagator,
+                                             "_propagate_tensor_meta_non_cached", real),
+                             self._vocab_parallel()]
+            return entered
+
+        def __exit__(self, *exc: Any) -> None:
+            try:
+                super().__exit__(*exc)
+            finally:
+                for undo in self._unpatch:
+                    undo()
+
+        def _vocab_parallel(self) -> Any:
+            """A vocab-parallel embedding and lm-head's rows (`models.vocab_parallel`: DTensors
+            FSDP2 ignores, so its tracker neither) counted as shards, and their gradient too,
+            from when backward makes it (an FSDP2 unit's is counted so); returns the undo."""
+            from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+            from reasoner.models import vocab_parallel
+
+            if self.module is None or not hasattr(self, "_fsdp_state"):
+                return lambda: None
+            for p in vocab_parallel.parameters(self.module):
+                self._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
+            real = vocab_parallel._accumulator
+
+            def accumulator(param: Any) -> Any:
+                new = param.grad is None
+                out = real(param)
+                if new and not self.paused:
+                    self._update_and_maybe_create_winfos(out, _FSDPRefType.SHARDED_GRAD)
+                return out
+
+            vocab_parallel._accumulator = accumulator
+            return lambda: setattr(vocab_parallel, "_accumulator", real)
+
         def hold_apart(self, module: Any) -> float:
             """Leave `module`'s parameters and buffers out of every count (a model beside the
             one tracked: its storages, seen as the output of an in-place op or a view, would

@@ -144,14 +144,17 @@ def collate(data: Tokenized, rows: list[list[int]], cfg: SFTConfig, pad_id: int,
 
 
 def micro_batches(rows: list[int], cfg: SFTConfig, dist: dev.DistInfo,
-                  lengths: list[int]) -> list[list[int]]:
-    """This process's micro-batches of a global batch: its data-parallel group's token-balanced
-    share (a sequence-parallel group shares its rows; the trainer evens out the count)."""
-    mine = packing.balanced_shares(rows, lengths, dist.dp_size)[dist.dp_rank]
-    if not cfg.packing:  # length-grouped: little padding inside each micro-batch
-        mine = sorted(mine, key=lambda r: lengths[r])
-    mb = cfg.run.micro_batch
-    return [mine[i:i + mb] for i in range(0, len(mine), mb)]
+                  lengths: list[int]) -> list[list[list[int]]]:
+    """Every data-parallel group's micro-batches of a global batch, by group (this process's:
+    `[dist.dp_rank]`): its token-balanced share (a sequence-parallel group shares its rows; the
+    trainer evens out the count), as every process computes them."""
+    every = []
+    for share in packing.balanced_shares(rows, lengths, dist.dp_size):
+        if not cfg.packing:  # length-grouped: little padding inside each micro-batch
+            share = sorted(share, key=lambda r: lengths[r])
+        mb = cfg.run.micro_batch
+        every.append([share[i:i + mb] for i in range(0, len(share), mb)])
+    return every
 
 
 def step_loss(policy: torch.nn.Module, batch: packing.Batch, denom: float, scale: float,
@@ -206,12 +209,20 @@ def run(cfg: SFTConfig) -> Path:
                 step_rows = schedule.global_batch_rows(len(rows), cfg.run.global_batch,
                                                        cfg.run.seed, step)
                 denom = sum(data.targets(i) for r in step_rows for i in rows[r])
-                mbs = micro_batches(step_rows, cfg, dist, lengths)
-                m = training.accumulate(
-                    state, mbs, lambda mb, scale, denom=denom: step_loss(
-                        state.policy, collate(data, [rows[r] for r in mb], cfg, pad, attn.varlen),
-                        denom, scale, device, dtype),
-                    dummy=[])
+                every = micro_batches(step_rows, cfg, dist, lengths)
+                mbs = every[dist.dp_rank]
+                peers = packing.pass_peers(every, lambda mb: packing.layout_of(
+                    data, [rows[r] for r in mb], cfg.packing, None if attn.varlen else
+                    cfg.seq_len), dist.sp_size) if training.exchanges_counts(state) else None
+
+                def one(j: int, scale: float, denom=denom, mbs=mbs, peers=peers
+                        ) -> training.MicroOut:
+                    b = collate(data, [rows[r] for r in mbs[j]] if j < len(mbs) else [], cfg,
+                                pad, attn.varlen)
+                    b.layout = b.layout.with_peers(peers and peers[j])
+                    return step_loss(state.policy, b, denom, scale, device, dtype)
+
+                m = training.accumulate(state, len(mbs), one, busiest=max(map(len, every)))
                 loss = m["nll"] / denom
                 last = {"loss": loss, **training.optimizer_step(state, loss, step)}
                 state.tokens += m["real"]

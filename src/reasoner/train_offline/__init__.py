@@ -244,12 +244,14 @@ class MicroStep:
         object.__setattr__(self, "signal", self.per_sample.signal.numpy().copy())
 
     def __call__(self, policy: nn.Module, rows: list[list[int]], counts: GlobalCounts,
-                 scale: float) -> training.MicroOut:
+                 scale: float, peers: tuple | None = None) -> training.MicroOut:
         """Backward of this micro-batch's share of the global loss (times `scale`); no rows: a
-        dummy pass, every forward and backward of a real one on one token, weighing nothing."""
+        dummy pass, every forward and backward of a real one on one token, weighing nothing.
+        `peers`: every process's counts of this pass (`packing.Layout.peers`), when needed."""
         data, device, per_sample = self.data, self.env.device, self.per_sample
         index = [i for r in rows for i in r]
         b = self.batching.collate(data, rows).to(device)
+        b.layout = b.layout.with_peers(peers)
         if not index:
             return self.dummy(policy, b)
         sample_index = b.sample_index.reshape(-1).index_select(0, b.layout.index(device))  # (N,)
@@ -305,9 +307,15 @@ def train_step(state: training.TrainState, step: int, micro: MicroStep, samples:
                           tokens=sum(data.resp_len(i) for i in batch_idx),
                           pos_tokens=sum(data.resp_len(i) for i in batch_idx
                                          if data.rewards[i] > 0))
-    mbs = micro.batching.micro_batches(micro.batching.share(batch_idx, data, dist), data)
-    m = training.accumulate(state, mbs, lambda rows, scale: micro(state.policy, rows, counts,
-                                                                  scale), dummy=[])
+    batching = micro.batching  # every group's micro-batches: known here, never gathered
+    every = [batching.micro_batches(s, data) for s in batching.shares(batch_idx, data,
+                                                                     dist.dp_size)]
+    mbs = every[dist.dp_rank]
+    peers = packing.pass_peers(every, lambda rows: batching.layout_of(data, rows), dist.sp_size) \
+        if training.exchanges_counts(state) else None
+    m = training.accumulate(state, len(mbs), lambda j, scale: micro(
+        state.policy, mbs[j] if j < len(mbs) else [], counts, scale, peers and peers[j]),
+        busiest=max(map(len, every)))
     last = {**offpolicy.spread(m), **training.optimizer_step(state, m["loss"], step)}
     if aux.token_rm is not None:
         aux.token_rm.step(micro.obj.rm_warmup_steps + step)

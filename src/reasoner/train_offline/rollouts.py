@@ -86,8 +86,16 @@ class Batching:
     def share(self, samples: list[int], data: Rollouts, dist: Any) -> list[int]:
         """This process's data-parallel share of `samples`: token-balanced over the groups
         (`packing.balanced_shares`), the same for every member of a sequence-parallel group."""
+        return self.shares(samples, data, dist.dp_size)[dist.dp_rank]
+
+    def shares(self, samples: list[int], data: Rollouts, groups: int) -> list[list[int]]:
+        """Every data-parallel group's share (`share`), as every process computes them."""
         lengths = {i: data.length(i) for i in samples}
-        return packing.balanced_shares(samples, lengths, dist.dp_size)[dist.dp_rank]
+        return packing.balanced_shares(samples, lengths, groups)
+
+    def layout_of(self, data: Rollouts, rows: list[list[int]]) -> packing.Layout:
+        """The layout `collate` gives `rows`, found on the host (another process's)."""
+        return packing.layout_of(data, rows, self.packing, None)
 
     def micro_batches(self, samples: list[int], data: Rollouts) -> list[list[list[int]]]:
         """Micro-batches of rows of rollout indices: packed bins, or one sample per row."""

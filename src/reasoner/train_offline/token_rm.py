@@ -184,7 +184,8 @@ def _warm_up_step(rm: TokenRM, state: training.TrainState, data: Rollouts, sampl
                                scale)
         return training.MicroOut({}, {"rm_bce": bce}, len(index) / counts.samples)
 
-    mine = batching.share(batch_idx, data, state.dist)
-    bce = training.accumulate(state, batching.micro_batches(mine, data), one, dummy=[])["rm_bce"]
+    mbs = batching.micro_batches(batching.share(batch_idx, data, state.dist), data)
+    bce = training.accumulate(state, len(mbs), lambda j, scale: one(
+        mbs[j] if j < len(mbs) else [], scale))["rm_bce"]
     rm.step(step)
     return bce

@@ -21,6 +21,7 @@ from reasoner.training.loop import (
 from reasoner.training.policy import (
     Loaded,
     claim,
+    exchanges_counts,
     load_policy,
     load_weights,
     load_wrapped,
@@ -30,7 +31,8 @@ from reasoner.training.policy import (
 )
 
 __all__ = [
-    "Loaded", "MicroOut", "claim", "TrainState", "accumulate", "end_step", "finish", "load_policy",
+    "Loaded", "MicroOut", "claim", "TrainState", "accumulate", "end_step", "exchanges_counts",
+    "finish", "load_policy",
     "load_weights", "load_wrapped", "optimizer_step", "progress", "resume_point", "setup",
     "start", "unscale_and_clip", "warn_dropped",
 ]

@@ -124,15 +124,18 @@ def progress(state: TrainState, description: str) -> Iterator[None]:
         yield
 
 
-def accumulate(state: TrainState, micro_batches: list,
-               step_fn: Callable[[Any, float], MicroOut], dummy: Any) -> dict[str, float]:
-    """Forward + backward of this process's micro-batches of one global batch; reduced metrics.
+def accumulate(state: TrainState, mine: int, step_fn: Callable[[int, float], MicroOut],
+               busiest: int | None = None) -> dict[str, float]:
+    """Forward + backward of this process's `mine` micro-batches of one global batch; reduced
+    metrics. `step_fn(j, scale)` runs pass j: this process's micro-batch j, or past its own a
+    dummy pass (the collectives of one, weighing nothing); it scales its loss by `scale` (fp16
+    loss scale, else 1; 0 for a dummy pass) and reports unscaled values.
 
     Every process runs as many passes as the busiest one (a collective inside FSDP would hang
-    otherwise): the extra passes run `dummy` with weight 0. Gradient sync stays on, so each
+    otherwise): `busiest`, when the caller knows every process's micro-batches on the host;
+    else agreed by an all-reduce (a host sync). Gradient sync stays on, so each
     pass reduce-scatters into the sharded gradient (off, FSDP2 would keep whole fp32 gradients
-    on every device until the last pass: ~124 GB at 32B). `step_fn(micro_batch, scale)` scales
-    its loss by `scale` (fp16 loss scale, else 1; 0 for a dummy pass), reports unscaled values.
+    on every device until the last pass: ~124 GB at 32B).
 
     Under sequence parallelism every member of a group computes its micro-batch's whole loss
     (models.sequence_parallel): each backpropagates 1/size of it, and the group's sums count
@@ -141,14 +144,13 @@ def accumulate(state: TrainState, micro_batches: list,
     The values the passes leave on the device are read in one transfer after the last one
     (`read`): the step's one host sync here, where each value used to be one (issue 52).
     """
-    count = len(micro_batches)
+    count = mine if busiest is None else busiest
     share = 1.0 / state.dist.sp_size
-    if state.dist.world_size > 1:
+    if state.dist.world_size > 1 and busiest is None:
         count = int(dev.all_reduce([count], state.dist, state.device, "max")[0])
     scale = loss_scale(state.scaler)  # fp16: the scaler's, read once (it moves only in a step)
-    outs = [step_fn(micro_batches[j] if j < len(micro_batches) else dummy,
-                    float(j < len(micro_batches)) * scale * share) for j in range(count)]
-    return _reduce(state, read(outs, state.device), len(micro_batches), share)
+    outs = [step_fn(j, float(j < mine) * scale * share) for j in range(count)]
+    return _reduce(state, read(outs, state.device), mine, share)
 
 
 def read(outs: list[MicroOut], device: torch.device) -> list[MicroOut]:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -147,3 +148,11 @@ def warn_dropped(stage: str, dropped: int, total: int, max_tokens: int, dist: de
         print(f"reasoner {stage}: warning: {dropped} of {total} {what} ({100 * dropped / total:.1f}%)"
               f" are longer than max_tokens={max_tokens} (or have no response) and are dropped; "
               "raise max_tokens to train on them", file=sys.stderr)
+
+
+def exchanges_counts(state: Any) -> bool:
+    """Whether the policy's vocab-parallel embedding and lm-head exchange every process's token
+    counts each pass (`models.vocab_parallel`): then the trainers hand them in, found on the
+    host (`packing.pass_peers`)."""
+    return state.dist.world_size > 1 and \
+        getattr(state.policy, "vocab_layout", "") == "vocab-parallel"

@@ -1,5 +1,6 @@
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -142,3 +143,55 @@ def test_the_collator_knows_where_targets_and_sequences_lie():
     dummy = dummy_batch(pad_id=0).layout
     assert dummy.targets.tolist() == [] and dummy.seq_lens == (1,)
     assert rows.to(torch.device("cpu")).layout is rows.layout  # host data: it stays
+
+
+class _Rows:
+    """packing.TokenRows of three samples."""
+
+    ids = [[10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34]]
+    masks = [[False, False, True, True], [False, True, True], [False, True, False, True, True]]
+
+    def loss_mask(self, i):
+        return self.masks[i]
+
+
+@pytest.mark.parametrize("packed,width,flat", [(True, 9, False), (True, None, True),
+                                               (True, None, False), (False, None, False)])
+def test_another_process_s_layout_is_found_on_the_host_as_its_collator_gives_it(packed, width,
+                                                                                flat):
+    """Issue 52: each process finds every other process's micro-batch layout (`layout_of`)
+    without building its tensors, to know every process's token counts before a
+    vocab-parallel pass: the very layout `collate` gives, tokens included."""
+    from reasoner.data.packing import DUMMY, collate, layout_of
+
+    data = _Rows()
+    for rows in ([[0, 1]], [[0, 1], [2]], [[2]], [[1], [0]]):
+        if not packed:
+            rows = [[i] for r in rows for i in r]
+        b = collate(data, rows, packed, width, 0, flat)
+        got = layout_of(data, rows, packed, width)
+        assert got.targets.tolist() == b.layout.targets.tolist(), rows
+        assert (got.seq_lens, got.tokens) == (b.layout.seq_lens, b.layout.tokens), rows
+        assert got.tokens == b.input_ids.numel() == b.labels.numel()
+    assert layout_of(data, [], packed, width) is DUMMY
+    assert collate(data, [], packed, width, 0, flat).layout.tokens == 1
+
+
+def test_every_process_s_counts_of_a_pass_by_rank_with_sequence_parallel_slices():
+    """`Layout.slices` cuts the flat row as `sequence_parallel.split` does (padded to a
+    multiple of the group's size, contiguous); `pass_peers` gives, pass by pass, every rank's
+    (input tokens, targets), a group past its own micro-batches running the one-token dummy."""
+    from reasoner.data.packing import DUMMY, Layout, pass_peers, peer_sizes
+
+    a = Layout(np.array([1, 2, 5, 6, 8]), (4, 1, 3, 2), 10)  # 10 tokens, 5 targets
+    assert a.slices(1) == [(10, 5)]
+    assert a.slices(2) == [(5, 2), (5, 3)]  # [0, 5) and [5, 10)
+    assert a.slices(3) == [(4, 2), (4, 2), (4, 1)]  # padded to 12: [0, 4) [4, 8) [8, 12)
+    assert a.padded(2).tokens == 12 and a.padded(2).slices(3) == a.slices(3)
+    assert DUMMY.slices(2) == [(1, 0), (1, 0)]
+    b = Layout(np.array([0]), (3,), 3)
+    assert peer_sizes([a, b], 2) == ((5, 2), (5, 3), (2, 1), (2, 0))  # ranks 0-1, then 2-3
+    every = [["a", "b"], ["b"]]  # group 0 has two micro-batches, group 1 one
+    lay = {"a": a, "b": b}.__getitem__
+    assert pass_peers(every, lay, 1) == [((10, 5), (3, 1)), ((3, 1), (1, 0))]
+    assert pass_peers([[], []], lay, 1) == []

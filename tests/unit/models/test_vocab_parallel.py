@@ -15,7 +15,8 @@ def test_two_processes_score_and_differentiate_like_one_without_gathering_the_lm
     each scoring its row of a batch: log-probs and every parameter's gradient equal those of
     the whole model scoring the whole batch (fp64: sums in another order, ~1e-15), with pad
     tokens in the input, an odd vocabulary (51 + 50 rows) and a step where one process has
-    nothing to score. The lm-head stays this process's 51 rows while the forward's output is
+    nothing to score; every process's counts gathered (step 0) or handed in with the layout, as
+    the trainers do (steps 1-2). The lm-head stays this process's 51 rows while the output is
     alive: FSDP2's root unit would hold all 101 (and their gradient) until the end of
     backward."""
     out = tmp_path / "result.json"
@@ -32,10 +33,12 @@ def test_two_processes_score_and_differentiate_like_one_without_gathering_the_lm
     for dtype in ("bfloat16", "float16"):
         r = result[dtype]
         assert r["logprob"] < 5e-5 and r["grad_hidden"] < 5e-5 and r["grad_rows"] < 5e-5, r
-        # the log-probs' only host reads: each process's token count, once a forward; rows
-        # are selected by clamped indices with the others zeroed, never by a mask (before: a
-        # nonzero for every owner and chunk of the backward besides)
-        assert r["host_syncs"] == ["__int__ models/vocab_parallel.py (<listcomp>)"] * 2, r
+        # no host read: every process's token count is handed in (the trainers find them on
+        # the host, `packing.pass_peers`; before: gathered and read back, once a forward), and
+        # rows are selected by clamped indices with the others zeroed, never by a mask (before
+        # that: a nonzero for every owner and chunk of the backward besides)
+        assert r["host_syncs"] == [], r
+        assert "gives process" in r["refused"] and "but it has" in r["refused"], r
 
 
 @pytest.mark.parametrize("vocab,world", [(101, 2), (100, 2), (151_936, 8), (7, 3), (5, 4)])

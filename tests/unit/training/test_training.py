@@ -47,7 +47,7 @@ def test_accumulate_sums_weights_means_skips_nan_and_keeps_extremes():
         seen.append((mb, scale))
         return outs[mb]
 
-    m = training.accumulate(_State(), [0, 1], step, dummy=0)
+    m = training.accumulate(_State(), 2, step)
     assert seen == [(0, 1.0), (1, 1.0)]
     assert m["loss"] == 0.75 and m["tokens"] == 40
     assert m["geo"] == 0.5  # the NaN micro-batch (no positives) does not pull it towards 0
@@ -72,9 +72,9 @@ def test_accumulate_reads_the_values_left_on_the_device_once_and_as_float_reads_
 
     as_floats = [training.MicroOut(floats(o.sums), floats(o.means), o.weight, floats(o.maxima),
                                    floats(o.minima)) for o in outs]
-    expected = training.accumulate(_State(), [0, 1], lambda mb, scale: as_floats[mb], dummy=0)
+    expected = training.accumulate(_State(), 2, lambda mb, scale: as_floats[mb])
     with HostSyncs() as syncs:
-        got = training.accumulate(_State(), [0, 1], lambda mb, scale: outs[mb], dummy=0)
+        got = training.accumulate(_State(), 2, lambda mb, scale: outs[mb])
     assert got == expected and got["tokens"] == 40.0 and got["geo"] == float(values[1])
     assert [(s.op, s.site.split(":")[0]) for s in syncs.found] == [("tolist", "training/loop.py")]
 
@@ -103,16 +103,21 @@ def test_accumulate_pads_a_process_with_fewer_micro_batches_with_zero_weight_pas
 
     def step(mb, scale):
         calls.append((mb, scale))
-        if mb == "dummy":  # a dummy pass reports nothing: its metrics never count
+        if mb > 0:  # a dummy pass reports nothing: its metrics never count
             return training.MicroOut({})
         return training.MicroOut({"loss": 1.0}, {"m": 5.0}, 0.5)
 
-    m = training.accumulate(run, ["real"], step, dummy="dummy")
-    assert calls == [("real", 1.0), ("dummy", 0.0), ("dummy", 0.0)]  # grads are summed
+    m = training.accumulate(run, 1, step)
+    assert calls == [(0, 1.0), (1, 0.0), (2, 0.0)]  # grads are summed
     assert reduced[0] == ([1], "max")  # the count is agreed on first
     # every name any process saw is reduced, in one order: loss; then m, kl; then weights
     assert reduced[1] == ([1.0, 0.0, 2.5, 0.0, 0.5], "sum")
     assert m["loss"] == 1.0 and m["m"] == 5.0 and math.isnan(m["kl"])
+    # the trainers know every process's micro-batches on the host: the count is not agreed on
+    reduced.clear()
+    calls.clear()
+    assert training.accumulate(run, 1, step, busiest=3) == m
+    assert calls == [(0, 1.0), (1, 0.0), (2, 0.0)] and reduced[0] == ([1.0, 0.0, 2.5, 0.0, 0.5], "sum")
 
 
 def make_run(tmp_path, max_skipped=2):
