@@ -97,7 +97,7 @@ def _activations(moments: list[dict], s: Shape, tokens: int, dtype_bytes: int,
     extra = EXTRA_HIDDEN_BYTES[res] * s.hidden * tokens
     saved = _layer_elements(s) * dtype_bytes * tokens  # one layer's, for its backward
     moments[0]["activations"] = s.layers * (tokens * s.hidden * res if checkpointing
-                                            else saved) + extra
+                                            else saved) + extra + moments[0].pop("forward logits", 0)
     for m in moments[1:]:  # a layer's backward, with the layers below it still held
         held = m.pop("layers held", s.layers)
         if checkpointing:  # every layer's input, and at the lm-head a few more hidden-sized
@@ -132,7 +132,7 @@ def sharded_bytes(s: Shape, devices: int, tokens: int, dtype_bytes: int, checkpo
     layer's all-gather buffer, and `logprobs._ChunkedLogprobs`' temporaries: below fp32 an fp32
     copy of the head and its fp32 gradient sum (8 bytes x vocab x hidden), and for a chunk of
     tokens its logits, their softmax and its gradient (12 bytes x chunk x vocab);
-    vocabulary-parallel, each device's rows only. Then the decoder layers' (`_layer_backward`),
+    vocabulary-parallel, the forward's chunk of this device's rows' logits, larger. Then the decoder layers' (`_layer_backward`),
     larger with many tokens per process (sft's 32K rows) or a vocabulary-parallel lm-head (its
     rows' gradient stays on the device, so the largest buffer in flight is a layer's)."""
     trained = adapters or s.params
@@ -159,14 +159,20 @@ def _layer_elements(s: Shape) -> int:
 
 def _lm_head_backward(s: Shape, devices: int, tokens: int, dtype_bytes: int, chunk: int,
                       vocab_layout: str, adapters: int) -> dict[str, float]:
-    """The first moment of the backward: the lm-head's (see `sharded_bytes`)."""
+    """The first moment: the lm-head's backward (see `sharded_bytes`); vocabulary-parallel, its
+    forward."""
     rest = max(0, min(chunk, tokens - chunk))  # the backward's largest chunk after the first
     chunk = min(chunk, tokens)
-    if vocab_layout != "fsdp":
-        half = dtype_bytes < 4 and not adapters
-        return {"gathered weights": dtype_bytes * (2 * s.hidden + s.layer_params),
-                "collective buffers": dtype_bytes * s.layer_params + 4 * s.layer_params * half,
-                "temporaries": 12 * chunk * math.ceil(s.vocab / devices)}
+    if vocab_layout != "fsdp":  # its forward's, larger than its backward's: a chunk of this
+        # process's logits of an owner's tokens as `vocab_parallel._Logprobs` computes them
+        # (13 bytes a logit in half precision, as rehearsed: the product, its fp32 copy, the
+        # shifted exponentials) beside the owner's hidden states, the last layer's all-gather
+        # buffer prefetched for the backward
+        per_logit = 12 + (dtype_bytes < 4)
+        return {"gathered weights": dtype_bytes * 2 * s.hidden,
+                "collective buffers": dtype_bytes * s.layer_params, "temporaries": 0,
+                "forward logits": (per_logit * math.ceil(s.vocab / devices) + 4 * s.hidden)
+                * chunk}
     head_copy = 0 if adapters else (8 if dtype_bytes < 4 else 4)
     # `logprobs._ChunkedLogprobs.backward` beside the head's fp32 copy and gradient sum
     # (head_copy): at a chunk's softmax its fp32 logits and their softmax (8 bytes a logit),
