@@ -29,12 +29,15 @@ from reasoner.models.footprint import (
 from reasoner.models.sequence_parallel import check_heads
 from reasoner.models.shapes import KNOWN, Shape, shape_of
 from reasoner.models.vocab_layout import choose_vocab_layout, vocab_note
+from reasoner.pipeline.step_time import (  # noqa: F401  (plan.PEAK_TFLOPS, plan.step_seconds)
+    DEFAULT_LINK_GBPS,
+    LINK_GBPS,
+    PEAK_TFLOPS,
+    collective_seconds,
+    step_seconds,
+    step_tokens,
+)
 
-# Dense bf16 peak TFLOP/s of each device kind (the vendors' data sheets, without sparsity);
-# `gpu` and `npu` are the H100/H200 and Ascend 910B. `reasoner plan --tflops` overrides them.
-PEAK_TFLOPS = {"gpu": 989.0, "h100": 989.0, "h200": 989.0, "a100": 312.0, "l40s": 362.0,
-               "a10g": 125.0, "l4": 121.0, "rtx4090": 165.0, "npu": 313.0, "910b": 313.0,
-               "cpu": 1.0}
 NPU_KINDS = ("npu", "910b")
 
 # Memory of one device of each named kind in GiB (2**30 bytes) as the device reports it, not as
@@ -60,60 +63,6 @@ def device_mem_gib(kind: str, given: float | None = None) -> float:
     """GiB of one device: `given` (--device-mem-gib), else what a device of `kind` reports
     (DEVICE_MEM_GIB), else 80."""
     return given or DEVICE_MEM_GIB.get(kind, DEFAULT_MEM_GIB)
-
-
-def step_seconds(s: Shape, tokens_per_step: float, attended: float, devices: int, tflops: float,
-                 mfu: float, checkpointing: bool) -> float:
-    """6 (8 with recompute) x params x tokens, plus causal attention over `attended` tokens
-    per token (a sequence's length), at `mfu` of peak."""
-    mult = 8 if checkpointing else 6
-    attn = (mult / 2) * s.layers * s.hidden * attended * tokens_per_step  # 2 L s^2 H per seq fwd
-    flops = mult * s.params * tokens_per_step + attn
-    return flops / (devices * tflops * 1e12 * mfu)
-
-
-LENGTHS_READ = 1000  # samples of train-offline's input read for their lengths (a 32B run's
-# rollouts hold tens of thousands of 32K-token samples: their mean is known well before that)
-
-
-def step_tokens(cfg: TrainerConfig, masked: bool) -> tuple[float, float, str]:
-    """Tokens one optimiser step computes, the tokens each attends to (the length of its
-    sample: a packed row's samples never see each other, unless a T x T mask computes the whole
-    row: `masked`), and where the numbers come from. sft's global_batch counts rows of
-    row_tokens; train-offline's counts samples: their lengths in its input when that exists,
-    else max_tokens each."""
-    rows = cfg.run.global_batch
-    if not isinstance(cfg, OfflineConfig):
-        span = cfg.row_tokens if masked or not cfg.packing else cfg.max_tokens
-        return rows * cfg.row_tokens, span, f"{rows} rows of {cfg.row_tokens:,} tokens"
-    lengths = _sample_lengths(Path(cfg.input_dir), cfg.max_tokens)
-    if lengths:
-        mean = sum(lengths) / len(lengths)
-        span = sum(n * n for n in lengths) / sum(lengths)  # a token's sample, by token
-        said = (f"{rows} samples of {mean:,.0f} tokens on average (the first "
-                f"{len(lengths):,} of {cfg.input_dir} within max_tokens)")
-    else:
-        mean = span = cfg.max_tokens
-        said = (f"{rows} samples of at most {cfg.max_tokens:,} tokens (max_tokens; "
-                f"{cfg.input_dir} is not made yet)")
-    return rows * mean, (cfg.seq_len if masked and cfg.packing else span), said
-
-
-def _sample_lengths(folder: Path, max_tokens: int) -> list[int]:
-    """Prompt + response tokens of the first samples of a Verified shard, as train-offline keeps
-    them (longer than max_tokens: dropped); [] when the shard is not there."""
-    from reasoner import shards
-
-    if not shards.is_complete(folder):
-        return []
-    lengths = []
-    for row in shards.iter_rows(folder):
-        n = row["prompt_tokens"] + row["response_tokens"]
-        if n <= max_tokens:
-            lengths.append(n)
-        if len(lengths) == LENGTHS_READ:
-            break
-    return lengths
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,11 +125,16 @@ def plan_training(name: str, cfg: TrainerConfig, shape: Shape, model: str, devic
     elif need > mem_gib:
         verdict = "does not fit: " + _advice(cfg, shape, devices, mem_gib, dtype_bytes, extra,
                                              parts)
+    comm, moved = collective_seconds(cfg, shape, devices, kind, dtype_bytes, choose_vocab_layout(
+        cfg, shape, devices, mem_gib, dtype_bytes, extra), _adapters(cfg, shape))
     estimate = MemoryEstimate(name, cfg.__class__.__name__, model, devices,
-                              {k: v / GIB for k, v in parts.items()}, need, mem_gib, step,
+                              {k: v / GIB for k, v in parts.items()}, need, mem_gib, step + comm,
                               verdict, vocab)
     anchor = " and the fixed reference" if _anchor(cfg) else ""
-    estimate.notes.append(f"time per step: {counted}")
+    estimate.notes.append(f"time per step: {counted}" + (
+        f": {step:.0f} s of compute + {comm:.0f} s of collectives ({moved:,.1f} GB a micro-batch "
+        f"at {LINK_GBPS.get(kind, DEFAULT_LINK_GBPS):g} GB/s a device, assumed, not "
+        "overlapped)" if devices > 1 else ""))
     estimate.notes.append(f"loading (the policy's weights{anchor} as they reach the device): "
                           f"{1.1 * peaks['loading'] / GIB:.1f} GiB")
     if scores:
@@ -229,9 +183,7 @@ def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
                 ) -> tuple[dict[str, float], str, dict[str, float]]:
     """This trainer's bytes per component while training, its vocabulary layout note, and the
     stage's two other peaks: its scoring forward and its loading."""
-    tokens = cfg.micro_batch_tokens
-    lora = cfg.model.lora
-    adapters = shape.lora_params(lora.r, lora.target_modules) if lora is not None else 0
+    tokens, lora, adapters = cfg.micro_batch_tokens, cfg.model.lora, _adapters(cfg, shape)
     layout = choose_vocab_layout(cfg, shape, devices, mem_gib, dtype_bytes, extra)
     parts = training_bytes(shape, devices, tokens, dtype_bytes, cfg.run.gradient_checkpointing,
                            cfg.run.logprob_chunk, extra, layout if devices > 1 else "whole",
@@ -244,6 +196,12 @@ def _fsdp_parts(cfg: TrainerConfig, shape: Shape, devices: int, mem_gib: float,
                                                layout if devices > 1 else "whole", adapters),
              "loading": anchor + load_bytes(shape, devices, dtype_bytes, adapters)}
     return parts, vocab, peaks
+
+
+def _adapters(cfg: TrainerConfig, shape: Shape) -> int:
+    """LoRA's parameter count (0: the whole model trains)."""
+    lora = cfg.model.lora
+    return shape.lora_params(lora.r, lora.target_modules) if lora is not None else 0
 
 
 def _anchor(cfg: TrainerConfig) -> bool:

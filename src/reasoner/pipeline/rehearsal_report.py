@@ -6,12 +6,7 @@ from __future__ import annotations
 
 from reasoner.config import OfflineConfig
 from reasoner.pipeline.rehearsal import GIB, MICRO_BATCHES, Rehearsal
-
-# Assumed bandwidth of one device's link to the other nodes, GB/s each way (64 devices span 8
-# nodes: FSDP2's collectives cross them): one 400 Gb/s NIC per GPU (H100 / H200 / A100 HGX),
-# one 200 Gb/s RoCE port per Ascend 910B; collectives not overlapped with compute (an upper
-# bound on the step)
-LINK_GBPS = {"h100": 50.0, "h200": 50.0, "gpu": 50.0, "a100": 25.0, "910b": 25.0, "npu": 25.0}
+from reasoner.pipeline.step_time import DEFAULT_LINK_GBPS, LINK_GBPS
 
 
 def mismatched(rows: list[tuple[str, float, float]], tolerance: float = 0.10,
@@ -49,18 +44,13 @@ def step_seconds(r: Rehearsal, kind: str, mfu: float, tflops: float | None = Non
     process: its micro-batches (the global batch's rows over the data-parallel groups, each as
     long as the rehearsed one) at the rehearsal's FLOPs and bytes per micro-batch, at `mfu` of
     the kind's peak and the link's bandwidth."""
-    from reasoner.pipeline.plan import PEAK_TFLOPS
+    from reasoner.pipeline.step_time import PEAK_TFLOPS, micro_batches_per_step
 
-    cfg = r.config
-    rows = cfg.run.global_batch  # sft: rows; train-offline: samples, packed into rows
-    if isinstance(cfg, OfflineConfig) and cfg.packing:  # at most max_tokens each
-        rows = -(-rows // max(1, cfg.seq_len // cfg.max_tokens))
-    micro = -(-rows // (r.devices // cfg.run.sequence_parallel))
-    micro = -(-micro // cfg.run.micro_batch)
+    micro = micro_batches_per_step(r.config, r.devices)
     per_micro = r.flops / MICRO_BATCHES
     compute = micro * per_micro / ((tflops or PEAK_TFLOPS[kind]) * 1e12 * mfu)
     moved = sum(r.collectives.values()) / MICRO_BATCHES * (r.devices - 1) / r.devices
-    return compute, micro * moved / (LINK_GBPS.get(kind, 25.0) * 1e9), micro
+    return compute, micro * moved / (LINK_GBPS.get(kind, DEFAULT_LINK_GBPS) * 1e9), micro
 
 
 def report(r: Rehearsal, kind: str, mfu: float, tflops: float | None = None) -> list[str]:
@@ -88,5 +78,5 @@ def report(r: Rehearsal, kind: str, mfu: float, tflops: float | None = None) -> 
             f"{moved}",
             f"  time per step: {micro} micro-batches: {compute:.0f} s of compute at {peak:g} "
             f"TFLOP/s x MFU {mfu:g} + {comm:.0f} s of collectives at "
-            f"{LINK_GBPS.get(kind, 25.0):g} GB/s a device (assumed, not overlapped)"]
+            f"{LINK_GBPS.get(kind, DEFAULT_LINK_GBPS):g} GB/s a device (assumed, not overlapped)"]
     return out
