@@ -27,6 +27,10 @@ CASES = {"pcl-h100": ("configs/pcl_reasoner_v1_5/recipe.yaml", 64, "h100"),
          # ... and on one node, where `auto` picks the vocabulary-parallel layout
          "pcl-8xh100": ("configs/pcl_reasoner_v1_5/recipe.yaml", 8, "h100"),
          "pcl-8xh200": ("configs/pcl_reasoner_v1_5/recipe.yaml", 8, "h200"),
+         # OREAL-32B (policy and token RM) and ProRL / the discounted objective (a moving
+         # reference) at the scales their recipes name
+         "oreal-h100": ("configs/oreal/recipe.yaml", 32, "h100"),
+         "oreal-910b": ("configs/oreal/recipe.yaml", 32, "910b"),
          # the one-GPU recipes, each on the card it names
          "gsm8k-0.5b-l4": ("configs/gsm8k_1gpu/recipe.yaml", 1, "l4"),
          "gsm8k-1.5b-h100": ("configs/gsm8k_1gpu/recipe_1p5b.yaml", 1, "h100"),

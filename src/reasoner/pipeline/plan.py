@@ -335,11 +335,15 @@ def plan_recipe(path: Path, devices: int, mem_gib: float | None, kind: str = "gp
 def resident_bytes(cfg: OfflineConfig, shape: Shape) -> float:
     """Bytes per policy parameter of what train-offline keeps beside the policy: the
     objective's (`resident_bytes_per_param`), with a LoRA run's moving reference a second
-    adapter set (4 bytes per adapter parameter) instead of a second model."""
+    adapter set (4 bytes per adapter parameter) instead of a second model, and a token RM's
+    untied lm-head frozen."""
     obj, lora = cfg.objective, cfg.model.lora
     extra = float(obj.resident_bytes_per_param)
     if lora is not None and obj.resident_reference:
         extra += 4 * (shape.lora_params(lora.r, lora.target_modules) / shape.params - 1)
+    if obj.uses_token_rm and not shape.tied:  # the RM scores from its trunk: an untied
+        # lm-head is frozen, its weights held but no gradient or AdamW state (12 bytes less)
+        extra -= 12 * shape.vocab * shape.hidden / shape.params
     return extra
 
 

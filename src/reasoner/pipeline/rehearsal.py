@@ -143,8 +143,6 @@ def recipe_layout(cfg: TrainerConfig, source: str, devices: int, kind: str,
 
 def not_rehearsed(cfg: TrainerConfig, devices: int, layout: str) -> str:
     """Why this stage cannot be rehearsed yet ("" when it can)."""
-    if isinstance(cfg, OfflineConfig) and cfg.objective.uses_token_rm:
-        return "OREAL's token RM beside the policy (not built yet)"
     if isinstance(cfg, OfflineConfig) and cfg.objective.resident_reference and cfg.model.lora:
         return "a LoRA moving reference, a second adapter set (not built yet)"
     if cfg.model.lora is not None and devices > 1:
@@ -164,7 +162,7 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     from reasoner import training
     from reasoner.device import DistInfo, Env
     from reasoner.models import stand_ins
-    from reasoner.pipeline import rehearsal_tracking
+    from reasoner.pipeline import rehearsal_step, rehearsal_tracking
     from reasoner.pipeline.plan import _dtype_bytes
 
     began = time.perf_counter()
@@ -181,14 +179,17 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     env = Env(torch.device("cpu"), dist, dtype)
     with ExitStack() as stack:
         stack.callback(_leave_world)
-        loaded, shape, ref = _build(stack, cfg, source, env, kind, layers, layout)
+        loaded, shape, ref, rm = _build(stack, cfg, source, env, kind, layers, layout)
         out = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         state = training.start(cfg.model_copy(update={"output_dir": str(out)}), env, None,
                                loaded, STEPS + 1, None, "rehearsal")
         tracker = rehearsal_tracking.tracker(loaded.policy, state.optimizer)
         apart = tracker.hold_apart(ref) if ref is not None else 0.0  # held throughout
+        if rm is not None:  # its weights held apart; its training paused (`ApartRM`)
+            tracker.hold_apart(rm.model)
+            rm = rehearsal_step.ApartRM(rm, tracker)
         load = tracker.held_now()
-        micro = _micro_step(name, cfg, env, state, row, ref)
+        micro = rehearsal_step.micro_step(name, cfg, env, state, row, ref, rm)
         steps = itertools.count(1)  # the optimiser steps taken, 1-based as the trainer's
 
         def step(each_pass: Any) -> None:
@@ -198,10 +199,13 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
                 each_pass()  # the tracker's per-module stats take one pass each
                 micro(cfg.optim.loss_scale if state.scaler is not None else 1.0)
             _update(state, tracker)
+            at = next(steps)
+            if rm is not None:  # as `train_offline.train_step` steps it
+                rm.step(at - 1)
             if ref is not None:
                 from reasoner.train_offline import kl_reference
 
-                kl_reference.move_reference(cfg.objective, next(steps), state.policy, ref,
+                kl_reference.move_reference(cfg.objective, at, state.policy, ref,
                                             state.optimizer)
 
         counter = rehearsal_tracking.Collectives()
@@ -218,22 +222,25 @@ def rehearse(name: str, cfg: TrainerConfig, source: str, devices: int, kind: str
     peak = tracker.peak_by_kind()
     lines = LINES if devices > 1 else LINES_WHOLE
     by_line = {k: sum(peak.get(c, 0.0) for c in cs) for k, cs in lines.items()}
-    if ref is not None:
-        by_line["reference / token RM"] = apart
-        load += apart
+    if ref is not None or rm is not None:
+        held = rm.held() if rm is not None else 0.0
+        by_line["reference / token RM"] = apart + held
+        load += apart + (rehearsal_tracking.held(rm.model) if rm is not None else 0.0)
     return Rehearsal(name, devices, cfg, shape, row, by_line, peak, tracker.where, load,
                      flops.get_total_flops() + attention_flops, counter.bytes,
                      time.perf_counter() - began)
 
 
 def _build(stack: ExitStack, cfg: TrainerConfig, source: str, env: Any, kind: str,
-           layers: int | None, layout: str) -> tuple[Any, Any, Any]:
-    """(training.Loaded, its shape, the moving reference or None): the stage's model as its
+           layers: int | None, layout: str) -> tuple[Any, Any, Any, Any]:
+    """(training.Loaded, its shape, the moving reference, OREAL's token RM (`TokenRM`); None
+    where the stage has none): the stage's model as its
     trainer loads it, on fake tensors for the rest of `stack`: built on meta (`layers` decoder
     layers), sharded by the loader's own code over several processes, attention through the
     kind's kernel stand-in (and the Ulysses attention around it under sequence parallelism).
     A moving reference (`objective.resident_reference`) is a second copy loaded alike, as
-    `train_offline.prepare` loads it."""
+    `train_offline.prepare` loads it; a token RM a third, with its scalar head, made ready by
+    `token_rm.ready` as the trainer's `load_token_rm` makes it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from reasoner import training
@@ -257,15 +264,20 @@ def _build(stack: ExitStack, cfg: TrainerConfig, source: str, env: Any, kind: st
     def wrap(m: Any) -> Any:
         return PolicyLogprobs(m, cfg.run.logprob_chunk, temperature, sp)
 
-    def build() -> tuple[Any, Any]:
+    def build(wrapper: Any = wrap) -> tuple[Any, Any]:
         if env.dist.world_size > 1:
             vocab = VocabSplit(layout, cfg.micro_batch_tokens,
                                chosen=cfg.run.vocab_layout == "auto")
-            return build_sharded(config, mcfg, wrap, env.dtype, vocab)
-        return _whole(config, cfg, env.dtype, wrap)
+            return build_sharded(config, mcfg, wrapper, env.dtype, vocab)
+        return _whole(config, cfg, env.dtype, wrapper)
 
-    resident = isinstance(cfg, OfflineConfig) and cfg.objective.resident_reference
+    offline = isinstance(cfg, OfflineConfig)
+    resident = offline and cfg.objective.resident_reference
     built = [build() for _ in range(1 + resident)]
+    if offline and cfg.objective.uses_token_rm:
+        from reasoner.train_offline.token_rm import TokenRewardModel
+
+        built.append(build(lambda m: TokenRewardModel(m, sp)))
     stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
     for wrapped, model in built:
         materialise(wrapped, env.device)
@@ -273,7 +285,12 @@ def _build(stack: ExitStack, cfg: TrainerConfig, source: str, env: Any, kind: st
             model.tie_weights()  # to_empty gave a tied head storage of its own
         model.config._attn_implementation = attn
     (wrapped, model), ref = built[0], (built[1][0].eval() if resident else None)
-    return training.Loaded(model, wrapped), shape_from_config(config.to_dict()), ref
+    rm = None
+    if offline and cfg.objective.uses_token_rm:
+        from reasoner.train_offline import token_rm
+
+        rm = token_rm.ready(built[-1][0], cfg, env, STEPS + 1)
+    return training.Loaded(model, wrapped), shape_from_config(config.to_dict()), ref, rm
 
 
 def _update(state: Any, tracker: Any) -> None:
@@ -322,78 +339,3 @@ def rehearsed_config(cfg: TrainerConfig, row: int, layout: str) -> TrainerConfig
     if cfg.max_tokens > row:
         update["max_tokens"] = row
     return cfg.model_copy(update=update)
-
-
-@dataclass
-class _Rows:
-    """Rehearsed samples as both trainers' collators read them (packing.TokenRows): `count`
-    samples of `tokens` tokens, the first PROMPT of each a prompt."""
-
-    count: int
-    tokens: int
-
-    @property
-    def ids(self) -> list[list[int]]:
-        return [[1] * self.tokens for _ in range(self.count)]
-
-    def loss_mask(self, i: int) -> list[bool]:
-        return [False] * PROMPT + [True] * (self.tokens - PROMPT)
-
-
-def _micro_step(name: str, cfg: TrainerConfig, env: Any, state: Any, row: int,
-                ref: Any = None) -> Any:
-    """A function of the loss scale running the stage's own forward + backward of one
-    micro-batch (a row of one sample of `row` tokens), alternately a positive and a negative
-    sample for train-offline; as `training.accumulate` calls it (the scale over the
-    sequence-parallel group's size)."""
-    from reasoner import sft, training
-    from reasoner.data import packing
-
-    varlen = env.dist.sp_size > 1 or state.model.config._attn_implementation.startswith("flash")
-    share = 1.0 / env.dist.sp_size
-    rows = _Rows(MICRO_BATCHES, row)
-    def peers(layout: Any) -> Any:  # every process's counts, as the trainers hand them in
-        return packing.peer_sizes([layout] * env.dist.dp_size, env.dist.sp_size) \
-            if training.exchanges_counts(state) else None
-
-    if not isinstance(cfg, OfflineConfig):
-        denom, b = float(MICRO_BATCHES * (row - PROMPT)), sft.collate(rows, [[0]], cfg, 0, varlen)
-        b.layout = b.layout.with_peers(peers(b.layout))  # every pass's batch alike
-        return lambda scale: sft.step_loss(state.policy, b, denom, scale * share, env.device,
-                                           env.dtype)
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from reasoner import train_offline
-    from reasoner.train_offline import objectives
-    from reasoner.train_offline.rollouts import Batching
-
-    obj = cfg.objective
-    with unset_fake_temporarily():  # host data, read on the host as the trainer reads it
-        data = _rollouts(rows)
-        per_token = [[0.0] * (row - PROMPT) for _ in range(rows.count)]
-        inputs = train_offline.PerSample(
-            objectives.sample_signal(obj, data), objectives.token_scope(obj, data),
-            per_token if obj.reads_behaviour or obj.needs_old_logprobs else None,
-            per_token if obj.needs_reference else None, "rehearsed", {})
-        micro = train_offline.MicroStep(obj, data, inputs,
-                                        Batching.of(cfg, 0, varlen), env, ref)
-    counts = objectives.GlobalCounts(samples=rows.count, tokens=rows.count * (row - PROMPT),
-                                     pos_tokens=row - PROMPT)
-    calls = iter(range(10**9))
-    each = peers(micro.batching.layout_of(data, [[0]]))  # every sample the same length
-    return lambda scale: micro(state.policy, [[next(calls) % rows.count]], counts,
-                               scale * share, each)
-
-
-def _rollouts(rows: _Rows) -> Any:
-    """`rows` as a verified rollout set of one group: a positive sample and a negative."""
-    import torch
-
-    from reasoner.train_offline.rollouts import Rollouts
-
-    n = rows.count
-    rewards = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(n)])
-    return Rollouts([("rehearsal", i) for i in range(n)], rows.ids, [PROMPT] * n, rewards,
-                    torch.zeros(n, dtype=torch.long), torch.full((n,), 0.5),
-                    torch.full((n,), float(rows.tokens - PROMPT)), torch.ones(n, dtype=torch.bool),
-                    None, 0)

@@ -21,6 +21,12 @@ def _tracker_class(base: type) -> type:
                 return
             super()._track(reftype, t)
 
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            if self.paused:  # nothing counted, nothing of its bookkeeping either
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
         def __enter__(self) -> Any:
             # DTensor's sharding propagation runs each new op on fake tensors of the whole
             # (unsharded) size, under the rehearsal's own fake mode: shapes, not memory (a

@@ -54,7 +54,14 @@ class TokenRewardModel(nn.Module):
 
     def forward(self, batch: packing.Batch) -> Tensor:
         """A score per target token (N,), in the policy's order (the whole micro-batch's on
-        every process of a sequence-parallel group)."""
+        every process of a sequence-parallel group); a vocab-parallel embedding takes every
+        process's counts from the batch's layout, as the policy's does."""
+        from reasoner.models import vocab_parallel
+
+        with vocab_parallel.known_sizes(batch.layout.peers):
+            return self._forward(batch)
+
+    def _forward(self, batch: packing.Batch) -> Tensor:
         if not self.sp.on:
             return self._scores(batch.input_ids, batch.position_ids, batch.attention_mask,
                                 batch.layout.index(batch.input_ids.device), {})
@@ -142,7 +149,12 @@ def load_token_rm(cfg: OfflineConfig, env: Env, attn: str, vocab: VocabSplit,
     loaded = training.load_wrapped(cfg.model, cfg.model.name_or_path, env,
                                    lambda m: TokenRewardModel(m, sp), attn, vocab,
                                    skip=("head.",))
-    rm = loaded.policy
+    return ready(loaded.policy, cfg, env, policy_steps)
+
+
+def ready(rm: TokenRewardModel, cfg: OfflineConfig, env: Env, policy_steps: int = 0) -> TokenRM:
+    """A loaded (or, in a rehearsal, built) token RM made ready to train: a zero head,
+    recomputed activations when the policy recomputes, its own AdamW and schedule."""
     rm.reset_head()  # sharded loading leaves the head's storage unfilled
     if cfg.run.gradient_checkpointing:
         rm.model.gradient_checkpointing_enable()

@@ -180,24 +180,25 @@ def test_the_rehearsal_runs_the_trainers_own_step_and_the_kernels_stand_in(monke
 
 
 def test_what_cannot_be_rehearsed_yet_is_said_not_run():
-    """OREAL's token RM, a LoRA moving reference and LoRA over several processes are refused
-    with the reason, before any work; the CLI prints the reason in the stage's place. Either
-    vocabulary layout is rehearsed (the vocab-parallel one since its counts come from the
-    host)."""
+    """A LoRA moving reference and LoRA over several processes are refused with the reason,
+    before any work; the CLI prints the reason in the stage's place. Either vocabulary layout
+    is rehearsed (the vocab-parallel one since its counts come from the host), and OREAL's
+    token RM beside the policy."""
     sft_cfg = stage_config("sft")
     tight = rehearsal.recipe_layout(sft_cfg, MODEL, 64, "npu")  # 64 GiB: the FSDP2 units fit
     assert tight == "fsdp" and rehearsal.not_rehearsed(sft_cfg, 64, tight) == ""
     assert rehearsal.not_rehearsed(sft_cfg, 64, "vocab-parallel") == ""
     oreal = with_objective({"name": "oreal"})
-    assert "token RM" in rehearsal.not_rehearsed(oreal, 64, "fsdp")
+    assert rehearsal.not_rehearsed(oreal, 64, "fsdp") == ""
     lora = one_gpu_config("train_offline_lora.yaml", "Qwen/Qwen2.5-7B-Instruct")
     assert rehearsal.not_rehearsed(lora, 1, "whole") == ""
     assert "LoRA" in rehearsal.not_rehearsed(lora, 8, "fsdp")
     moving = lora.model_copy(update={"objective": with_objective(
         {"name": "prorl", "kl_coef": 1e-4, "reset_every": 2}).objective})
     assert "LoRA moving reference" in rehearsal.not_rehearsed(moving, 1, "whole")
-    with pytest.raises(Exception, match="not rehearsed: OREAL's token RM"):
-        rehearsal.rehearse("train-offline", oreal, MODEL, 64, "h100", LAYERS, ROW)
+    with pytest.raises(Exception, match="not rehearsed: LoRA adapters on several processes"):
+        rehearsal.rehearse("train-offline", lora, "Qwen/Qwen2.5-7B-Instruct", 8, "h100", LAYERS,
+                           ROW)
 
 
 def with_objective(objective: dict) -> OfflineConfig:
@@ -235,6 +236,28 @@ def test_a_moving_reference_is_rehearsed_beside_the_policy(monkeypatch, objectiv
         monkeypatch.setattr(footprint, "sharded_bytes", moved)
         off = rehearsal_report.mismatched(rehearsal_report.compare(r, "h100"))
         assert [said.split(":")[0] for said in off] == ["reference / token RM"]
+
+
+def test_oreal_s_token_rm_is_rehearsed_beside_the_policy():
+    """OREAL's recipe (its own config: 32 devices, two 16K rows a micro-batch shared by SP 2;
+    rows of 8,192 here) keeps a token RM beside the policy: a third model built and sharded as
+    `token_rm.load_token_rm` builds it (the trunk and a scalar head), trained in every
+    micro-batch by `MicroStep` and stepped after the policy. Through the policy's peak it holds
+    its fp32 weight shards, a gradient shard and AdamW's two moments for every trained one
+    (16 bytes a parameter over the processes; its untied lm-head frozen: 4), the plan's
+    `reference / token RM` line exactly; every other line within 10%."""
+    cfg = OfflineConfig.model_validate(yaml.safe_load(
+        (REPO / "configs" / "oreal" / "train_offline.yaml").read_text()))
+    assert cfg.objective.uses_token_rm and cfg.run.micro_batch == 2
+    r = rehearsal.rehearse("train-offline", cfg, MODEL, 32, "h100", LAYERS, ROW)
+    rows = rehearsal_report.compare(r, "h100")
+    assert rehearsal_report.mismatched(rows) == []
+    head = r.shape.vocab * r.shape.hidden
+    assert r.peak["reference / token RM"] == pytest.approx(
+        (16 * r.shape.params - 12 * head) / 32, rel=1e-3)
+    assert dict((line, plan) for line, plan, _ in rows)["reference / token RM"] == \
+        pytest.approx(r.peak["reference / token RM"], rel=1e-3)
+    assert r.load == pytest.approx(r.peak["weight shards"] + 4 * r.shape.params / 32, rel=1e-3)
 
 
 ONE_GPU = REPO / "configs" / "gsm8k_1gpu"
@@ -276,6 +299,6 @@ def test_the_plan_command_prints_each_stage_beside_its_rehearsal(monkeypatch):
         assert f"{stage}: rehearsed on 64 fake processes ({LAYERS} layers, rows of 8,192" in text
     assert text.count("  weight shards ") == 2 and "peak in backward" in text
     assert "TFLOP/s x MFU 0.35" in text and "collectives (GB): allgather_base" in text
-    oreal = reasoner("plan", PCL / "recipe.yaml", "--devices", "64", "--kind", "h100",
-                     "--rehearse", "train-offline.objective={name: oreal}")
-    assert "train-offline: not rehearsed: OREAL's token RM" in oreal.stdout
+    lora = reasoner("plan", PCL / "recipe.yaml", "--devices", "64", "--kind", "h100",
+                    "--rehearse", "train-offline.model.lora={r: 16}")
+    assert "train-offline: not rehearsed: LoRA adapters on several processes" in lora.stdout
