@@ -31,6 +31,8 @@ CASES = {"pcl-h100": ("configs/pcl_reasoner_v1_5/recipe.yaml", 64, "h100"),
          # reference) at the scales their recipes name
          "oreal-h100": ("configs/oreal/recipe.yaml", 32, "h100"),
          "oreal-910b": ("configs/oreal/recipe.yaml", 32, "910b"),
+         "prorl-h100": ("configs/prorl/recipe.yaml", 32, "h100"),
+         "discounted-h100": ("configs/discounted/recipe.yaml", 16, "h100"),
          # the one-GPU recipes, each on the card it names
          "gsm8k-0.5b-l4": ("configs/gsm8k_1gpu/recipe.yaml", 1, "l4"),
          "gsm8k-1.5b-h100": ("configs/gsm8k_1gpu/recipe_1p5b.yaml", 1, "h100"),
@@ -53,9 +55,15 @@ def main() -> int:
     found = []
     for case in args.cases or list(CASES):
         recipe, devices, kind = CASES[case]
+        seen = set()
         for est in plan.plan_recipe(REPO / recipe, devices, None, kind):
-            if est.config is None:
+            same = (est.model, est.config.model_dump_json(exclude={
+                "input_dir": True, "output_dir": True, "model": {"name_or_path"},
+                "run": {"seed"}})) \
+                if est.config else None
+            if est.config is None or same in seen:  # a later round's stage, as the first's
                 continue
+            seen.add(same)
             began = time.perf_counter()
             r = rehearsal.rehearse(est.name, est.config, est.model, devices, kind, args.layers,
                                    args.row)

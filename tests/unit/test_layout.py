@@ -25,6 +25,7 @@ HOMES = {
     "reasoner.cli.export_commands": "unit/export/test_mindspeed.py",
     "reasoner.cli.config_commands": "integration/test_user_mistakes.py",
     "reasoner.pipeline.inputs": "integration/test_recipes.py",
+    "reasoner.pipeline.rehearsal_step": "unit/pipeline/test_rehearsal.py",
     "reasoner.config.generation": "unit/config/test_stages.py",
     "reasoner.data.answers": "unit/verify/test_extract.py",
     "reasoner.models.load": "unit/models/test_models.py",

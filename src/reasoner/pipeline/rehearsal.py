@@ -34,10 +34,10 @@ from typing import Any
 from reasoner.config import OfflineConfig, TrainerConfig
 from reasoner.errors import ConfigError
 from reasoner.models.shapes import KNOWN
+from reasoner.pipeline.rehearsal_step import MICRO_BATCHES, PROMPT  # noqa: F401  (re-exported)
 
 GIB = 2**30
-STEPS, MICRO_BATCHES = 2, 2  # optimiser steps rehearsed, micro-batches (rows) in each
-PROMPT = 512  # prompt tokens of a rehearsed sample (the rest of its row is response)
+STEPS = 2  # optimiser steps rehearsed
 # the tracker's categories under the plan's lines (models.footprint.sharded_bytes)
 LINES = {"weight shards": ("Sharded Param", "Buffer"), "gradient shards": ("Sharded Grad",),
          "AdamW state": ("OptState",), "gathered weights": ("Unsharded Param", "Unsharded Grad"),

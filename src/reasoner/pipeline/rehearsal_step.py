@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from reasoner.config import OfflineConfig, TrainerConfig
-from reasoner.pipeline.rehearsal import MICRO_BATCHES, PROMPT
+
+MICRO_BATCHES = 2  # micro-batches in each rehearsed optimiser step
+PROMPT = 512  # prompt tokens of a rehearsed sample (the rest of its row is response)
 
 
 @dataclass
