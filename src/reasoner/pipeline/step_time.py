@@ -101,9 +101,12 @@ def collective_seconds(cfg: TrainerConfig, s: Shape, devices: int, kind: str, dt
                        vocab_layout: str, adapters: int = 0) -> tuple[float, float]:
     """(seconds, GB per micro-batch) of a step's collectives on one process: each micro-batch's
     bytes (models.traffic), (W-1)/W of them crossing the link at LINK_GBPS."""
+    obj = cfg.objective if isinstance(cfg, OfflineConfig) else None
     moved = sum(micro_batch_traffic(s, devices, cfg.run.sequence_parallel,
                                     cfg.micro_batch_tokens, dtype_bytes, vocab_layout,
-                                    cfg.run.gradient_checkpointing, adapters).values())
+                                    cfg.run.gradient_checkpointing, adapters,
+                                    bool(obj and obj.resident_reference and not adapters),
+                                    bool(obj and obj.uses_token_rm)).values())
     crossing = moved * (devices - 1) / devices if devices > 1 else 0.0
     return (micro_batches_per_step(cfg, devices) * crossing
             / (LINK_GBPS.get(kind, DEFAULT_LINK_GBPS) * 1e9), moved / 1e9)

@@ -37,3 +37,22 @@ def test_sequence_parallel_all_to_alls_and_the_vocab_parallel_activations():
     assert no_recompute["all-to-all"] == t["all-to-all"] * 2 / 3
     lora = micro_batch_traffic(QWEN_32B, 8, 1, 4096, 2, "fsdp", True, adapters=1_000_000)
     assert lora["reduce-scatter"] == 4.0e6 and lora["all-gather"] == 4.0 * QWEN_32B.params
+
+
+def test_the_models_beside_the_policy_send_their_own():
+    """A moving reference's forward gathers its shards once (no gradient); OREAL's token RM
+    gathers its trunk twice and reduce-scatters its gradient (its untied lm-head is never
+    used), and under SP it all-to-alls as the policy does: OREAL-32B at 32 devices, SP 2, two
+    16K rows a micro-batch: 259.0 GB of gathers, 259.0 of reduce-scatters and 154.6 of
+    all-to-alls, as rehearsed at full depth."""
+    plain = micro_batch_traffic(QWEN_32B, 32, 2, 16_384, 2, "fsdp", True)
+    ref = micro_batch_traffic(QWEN_32B, 32, 2, 16_384, 2, "fsdp", True, reference=True)
+    assert ref["all-gather"] - plain["all-gather"] == 2.0 * QWEN_32B.params
+    assert ref["reduce-scatter"] == plain["reduce-scatter"]
+    assert ref["all-to-all"] == plain["all-to-all"] * 4 / 3
+    rm = micro_batch_traffic(QWEN_32B, 32, 2, 16_384, 2, "fsdp", True, token_rm=True)
+    trunk = QWEN_32B.params - QWEN_32B.vocab * QWEN_32B.hidden
+    assert rm["all-gather"] - plain["all-gather"] == 4.0 * trunk
+    assert rm["reduce-scatter"] - plain["reduce-scatter"] == 4.0 * trunk
+    assert [round(rm[k] / 1e9, 1) for k in ("all-gather", "reduce-scatter", "all-to-all")] == \
+        [259.0, 259.0, 154.6]

@@ -224,6 +224,7 @@ def test_a_moving_reference_is_rehearsed_beside_the_policy(monkeypatch, objectiv
     assert rehearsal_report.mismatched(rows) == []
     assert r.peak["reference / token RM"] == pytest.approx(4 * r.shape.params / 64, rel=1e-3)
     assert r.load == pytest.approx(r.peak["weight shards"] + r.peak["reference / token RM"])
+    assert sent_as_planned(r, "h100")  # its forward gathers its shards once more
     plain = rehearsed("train-offline", "h100")  # its forward adds FLOPs, not held memory
     assert r.flops > plain.flops
     assert r.total - r.peak["reference / token RM"] == pytest.approx(plain.total, rel=0.02)
@@ -258,6 +259,22 @@ def test_oreal_s_token_rm_is_rehearsed_beside_the_policy():
     assert dict((line, plan) for line, plan, _ in rows)["reference / token RM"] == \
         pytest.approx(r.peak["reference / token RM"], rel=1e-3)
     assert r.load == pytest.approx(r.peak["weight shards"] + 4 * r.shape.params / 32, rel=1e-3)
+    assert sent_as_planned(r, "h100")  # its trunk gathered twice and reduced, all-to-alls too
+
+
+def sent_as_planned(r: rehearsal.Rehearsal, kind: str) -> bool:
+    """The bytes the plan reckons a micro-batch sends (models.traffic, with the models beside
+    the policy) are those the rehearsal's step sent, to 1%."""
+    from reasoner.models.traffic import micro_batch_traffic
+    from reasoner.pipeline.plan import _dtype_bytes
+
+    c, obj = r.config, r.config.objective
+    planned = micro_batch_traffic(r.shape, r.devices, c.run.sequence_parallel,
+                                  c.micro_batch_tokens, _dtype_bytes(c, kind), c.run.vocab_layout,
+                                  c.run.gradient_checkpointing, 0, obj.resident_reference,
+                                  obj.uses_token_rm)
+    counted = sum(r.collectives.values()) / rehearsal.MICRO_BATCHES
+    return sum(planned.values()) == pytest.approx(counted, rel=0.01)
 
 
 ONE_GPU = REPO / "configs" / "gsm8k_1gpu"
