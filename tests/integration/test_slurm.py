@@ -178,8 +178,8 @@ def test_an_allocation_too_small_is_refused_before_submission(tmp_path, monkeypa
     assert out.returncode == 2
     said = " ".join(out.stderr.split())
     assert "the allocation (1 node(s) x 8 h100 x 79.65 GiB) cannot run this recipe" in said
-    assert "stage sft: needs 108.2 GiB per device on 8 devices, has 79.6" in said
-    assert "stage train-offline: needs 100.1 GiB per device on 8 devices, has 79.6" in said
+    assert "stage sft: needs 108.5 GiB per device on 8 devices, has 79.6" in said
+    assert "stage train-offline: needs 100.4 GiB per device on 8 devices, has 79.6" in said
     assert calls(bin_dir) == [{"cmd": "sinfo", "args": ["--noheader", "--Node", "--format=%G",
                                                         "--partition", "gpu"]}]  # no sbatch
     assert not (tmp_path / "run" / "recipe.sbatch").exists()

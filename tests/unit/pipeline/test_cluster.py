@@ -76,8 +76,8 @@ def test_the_plan_refuses_a_too_small_allocation_with_its_numbers():
         cluster.check(PCL, ["run_dir=/nowhere"], cfg, run, cluster.Allocation(1, 8, "h100", 80.0))
     said = str(err.value)
     assert "nothing was submitted" in said
-    assert "stage sft: needs 108.2 GiB per device on 8 devices, has 80.0" in said
-    assert "stage train-offline: needs 100.1 GiB per device on 8 devices, has 80.0" in said
+    assert "stage sft: needs 108.5 GiB per device on 8 devices, has 80.0" in said
+    assert "stage train-offline: needs 100.4 GiB per device on 8 devices, has 80.0" in said
     assert "--devices 8 --device-mem-gib 80 --kind h100" in said
     # docs/run.md's commands: 8 nodes of 8 GPUs, 4 Atlas A3 nodes of 16 NPU devices
     on_ray = ["verify.judge.ray.workers=8", "aime24.ray.workers=8", "aime25.ray.workers=8"]
