@@ -273,6 +273,12 @@ class TokenRows(Protocol):
     def loss_mask(self, i: int) -> list[bool]: ...
 
 
+def _width(lengths: list[list[int]], width: int | None) -> int:
+    """How wide `collate` packs rows of samples of these lengths: `width`, else the longest row
+    (the one choice `collate` and `layout_of` share)."""
+    return width or max(sum(row) for row in lengths)
+
+
 def collate(data: TokenRows, rows: list[list[int]], packed: bool, width: int | None, pad_id: int,
             flat: bool = False) -> Batch:
     """A micro-batch's rows of sample indices as tensors: packed rows `width` tokens wide (None:
@@ -282,8 +288,8 @@ def collate(data: TokenRows, rows: list[list[int]], packed: bool, width: int | N
         return dummy_batch(pad_id)
     if packed:
         samples = [[(data.ids[i], data.loss_mask(i)) for i in row] for row in rows]
-        longest = max(sum(len(ids) for ids, _ in row) for row in samples)
-        return collate_packed(samples, width or longest, pad_id, flat=flat)
+        return collate_packed(samples, _width([[len(ids) for ids, _ in row] for row in samples],
+                                              width), pad_id, flat=flat)
     return collate_padded([(data.ids[r[0]], data.loss_mask(r[0])) for r in rows], pad_id)
 
 
@@ -294,8 +300,8 @@ def layout_of(data: TokenRows, rows: list[list[int]], packed: bool, width: int |
         return DUMMY
     lengths = [[len(data.ids[i]) for i in row] for row in rows]
     if packed:
-        longest = max(sum(row) for row in lengths)
         return _packed_layout([[(n, data.loss_mask(i)) for n, i in zip(ns, row, strict=True)]
-                               for ns, row in zip(lengths, rows, strict=True)], width or longest)
+                               for ns, row in zip(lengths, rows, strict=True)],
+                              _width(lengths, width))
     return _padded_layout([(ns[0], data.loss_mask(row[0])) for ns, row in zip(lengths, rows,
                                                                           strict=True)])

@@ -22,9 +22,9 @@ class _Rows:
     count: int
     tokens: int
 
-    @property
-    def ids(self) -> list[list[int]]:
-        return [[1] * self.tokens for _ in range(self.count)]
+    def __post_init__(self) -> None:  # one row shared by every sample: the collators only read
+        row = [1] * self.tokens
+        self.ids = [row] * self.count
 
     def loss_mask(self, i: int) -> list[bool]:
         return [False] * PROMPT + [True] * (self.tokens - PROMPT)
