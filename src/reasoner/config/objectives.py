@@ -57,6 +57,13 @@ class _ObjectiveBase(Strict):
         return False
 
     @property
+    def unbounded(self) -> str | None:
+        """Why nothing stops the policy's drift from a fixed pi_old (no clip, or one that never
+        binds), or None. Offline, pi_old stays the samples' policy for the whole run, so such an
+        objective keeps pushing as the data ages (docs/train-offline.md, "Aged data")."""
+        return None
+
+    @property
     def reads_behaviour(self) -> bool:
         """Behaviour log-probs reach the step: for the ratio, or for the diagnostics."""
         return self.needs_old_logprobs or self.diagnostics != "none"
@@ -167,6 +174,13 @@ class _RatioObjective(_ObjectiveBase):
     @property
     def needs_old_logprobs(self) -> bool:
         return True
+
+    @property
+    def unbounded(self) -> str | None:
+        if self.correction.name in ("token-tis", "seq-tis"):
+            return (f"objective.correction {self.correction.name} weighs each term by its capped "
+                    f"ratio to pi_old in place of {self.name}'s ratio, so no clip ever binds")
+        return None
 
     @model_serializer(mode="wrap")
     def _unsaid_when_none(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -289,6 +303,11 @@ class CISPOObjective(_GroupPolicyGradient):
                             "(5: ScaleRL's recommended cap for CISPO, as TRL documents it)")
     agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
         "token-mean", description="how token losses are averaged (MiniMax-M1: token-mean)")
+
+    @property
+    def unbounded(self) -> str | None:
+        return super().unbounded or ("cispo weighs every token's gradient by its capped ratio to "
+                                     "pi_old and drops none")
 
 
 class OAPLObjective(_RatioObjective):

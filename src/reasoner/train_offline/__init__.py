@@ -58,6 +58,7 @@ def run(cfg: OfflineConfig) -> Path:
         data = load_rollouts(cfg, tokenizer, env.dist)
         training.warn_dropped("train-offline", data.dropped, len(data.ids) + data.dropped,
                               cfg.max_tokens, env.dist)
+        offpolicy.warn_unbounded(obj, env.dist.is_main)
         train_idx, val_idx = kl_reference.split_validation(data, obj, cfg.run.seed)
         ckpt = training.resume_point(out, cfg.run, identity.digest)
         ready = prepare(cfg, env, tokenizer.pad_token_id, data, ckpt)

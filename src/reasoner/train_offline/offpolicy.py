@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from reasoner import shards
+from reasoner.config import ObjectiveConfig
 from reasoner.errors import ShardError
 from reasoner.train_offline import behaviour, losses
 
@@ -141,3 +143,15 @@ def lag_of(start: str, verified_dir: Path, hops: int = 64) -> Lag:
         model, rounds, steps = earlier[0], rounds + 1, steps + earlier[1]
     return Lag(0, 0, f"unknown: the samples' model {wrote} is neither {start} nor a model it "
                      "was trained from by train-offline; lag_steps counts this run's steps only")
+
+
+def warn_unbounded(obj: ObjectiveConfig, is_main: bool) -> None:
+    """Say at the start when nothing bounds how far the objective moves the policy from the
+    samples' (`ObjectiveConfig.unbounded`): on aged data such objectives collapsed."""
+    if obj.unbounded and is_main:
+        print(f"reasoner train-offline: warning: {obj.unbounded}, so nothing bounds how far the "
+              "policy moves from the samples' over many steps on one rollout set (on the "
+              "quickstart, 16x the steps on one set cost cispo and dapo with token-tis 46 points "
+              "against their own 1x: docs/train-offline.md, \"Aged data\"); dapo's or gspo's "
+              "clipped ratio bounds it", file=sys.stderr)
+

@@ -60,3 +60,25 @@ def test_no_correction_and_the_diagnostics_leave_the_identity_as_it_was():
     with pytest.raises(ConfigError, match="diagnostics=starting is for objectives without a "
                                           "ratio: dapo"):
         load(OfflineConfig, None, [*BASE, "objective.name=dapo", "objective.diagnostics=starting"])
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVE_MODELS))
+@pytest.mark.parametrize("correction", ["none", "token-tis", "seq-tis", "icepop", "geo-mask"])
+def test_which_settings_leave_nothing_to_bound_the_drift(name, correction):
+    """Unbounded: cispo (its capped weight drops no token) and an IS correction that replaces
+    the ratio (the clip sees a ratio of 1); a mask keeps the objective's own clipped ratio, and
+    pcl, rft, oreal and oapl have no weight to run away with."""
+    sets = [*BASE, f"objective.name={name}"]
+    if correction != "none":
+        sets.append(f"objective.correction.name={correction}")
+    try:
+        obj = load(OfflineConfig, None, sets).objective
+    except ConfigError:  # a correction the objective refuses (tested above)
+        return
+    why = obj.unbounded
+    assert (why is not None) == (name == "cispo" or correction in ("token-tis", "seq-tis"))
+    if correction in ("token-tis", "seq-tis"):
+        assert why == (f"objective.correction {correction} weighs each term by its capped ratio "
+                       f"to pi_old in place of {name}'s ratio, so no clip ever binds")
+    elif name == "cispo":
+        assert why == "cispo weighs every token's gradient by its capped ratio to pi_old and drops none"

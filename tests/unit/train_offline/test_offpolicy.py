@@ -89,3 +89,20 @@ def test_an_unknown_lag_counts_this_runs_steps_and_says_why(tmp_path):
     assert lag.said.startswith("unknown: the samples' model a is neither b nor")
     (verified / shards.MANIFEST).write_text("{")  # broken: said, never raised
     assert "not valid JSON" in offpolicy.lag_of("b", verified).said
+
+
+def test_an_unbounded_objective_is_named_at_the_start_by_the_main_process_only(capsys):
+    from reasoner.config import OfflineConfig, load
+
+    base = ["model.name_or_path=m", "input_dir=v", "output_dir=o"]
+    cispo = load(OfflineConfig, None, [*base, "objective.name=cispo"]).objective
+    offpolicy.warn_unbounded(cispo, is_main=False)
+    assert capsys.readouterr().err == ""
+    offpolicy.warn_unbounded(cispo, is_main=True)
+    err = capsys.readouterr().err
+    assert err.startswith("reasoner train-offline: warning: cispo weighs every token's gradient")
+    assert 'docs/train-offline.md, "Aged data"' in err
+    for bounded in ("dapo", "gspo", "pcl", "oapl"):
+        obj = load(OfflineConfig, None, [*base, f"objective.name={bounded}"]).objective
+        offpolicy.warn_unbounded(obj, is_main=True)
+        assert capsys.readouterr().err == ""
