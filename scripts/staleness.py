@@ -20,8 +20,9 @@ scoring pass), the others with their own pi_old (recomputed: the samples were dr
 
 Writes OUT/staleness.md (pass@1 with its interval, paired differences vs SFT and vs the
 objective at 1x, the last logged diagnostics) and OUT/staleness.png (KL, chi-square, the share
-of tokens with rho outside [1/2, 2] and the spread of the samples' geometric-mean ratio,
-against the lag in steps). The full run's CPU time: docs/train-offline.md ("Aged data").
+of tokens with rho outside [1/2, 2] and the spread of the samples' geometric-mean ratio, each a
+trailing mean over 25 steps, against the lag in multiples of N). The full run's CPU time:
+docs/train-offline.md ("Aged data").
 
 An arm takes most of an hour on a laptop CPU, so arms are run one invocation at a time, over
 days, and on more than one seed (one run folder per seed). `--report` runs nothing: it gathers
@@ -183,37 +184,59 @@ def report(run_dirs: list[Path], mults: list[int], out: Path) -> str:
         n = default_steps(run_dir / "verified")
         steps.append(str(n))
         rows += table(results, evals, run_dir / "eval-sft", mults, n, seed)
-        plotted.update({f"{name} (seed {seed})": f for name, f in results.items()})
+        plotted.update({(name, seed): (f, n) for name, f in results.items()})
     if not rows:
         raise SystemExit("no finished arm in " + ", ".join(map(str, run_dirs)))
     out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(header(" / ".join(dict.fromkeys(steps)), True) + rows) + "\n"
     (out / "staleness.md").write_text(text)
-    plot(plotted, mults, int(steps[0]), out / "staleness.png")
+    plot(plotted, mults, out / "staleness.png")
     return text + "".join(f"\n{line}" for line in said)
 
 
-def plot(results: dict, mults: list[int], steps: int, path: Path) -> None:
+def smoothed(values: list[float], window: int) -> list[float]:
+    """The trailing mean of the last `window` values at each point (the first ones over fewer):
+    a step's diagnostics are one global batch's, noisy from step to step."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot(arms: dict, mults: list[int], path: Path, window: int = 25):
+    """The diagnostics of each arm against its lag in multiples of its N, so that seeds with
+    different N line up at 1x, 4x, 16x; arms: (objective, seed) -> (run folder, N). One colour
+    per objective, one line style per seed, each a trailing mean over `window` steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4.2 * len(PLOTTED), 3.6))
-    for name, folder in results.items():
+    names = list(dict.fromkeys([*OBJECTIVES, *CORRECTED]))
+    colour = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
+    styles = ["-", "--", ":", "-."]
+    seeds = sorted({seed for _, seed in arms})
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4.2 * len(PLOTTED), 3.8))
+    for (name, seed), (folder, steps) in sorted(arms.items()):
         rows = [r for r in metrics(folder) if "offpolicy_kl_k3" in r]
+        lag = [r["lag_steps"] / steps for r in rows]
         for ax, key in zip(axes, PLOTTED, strict=True):
-            ax.plot([r["lag_steps"] for r in rows], [r[key] for r in rows], label=name)
+            ax.plot(lag, smoothed([r[key] for r in rows], window), color=colour[name],
+                    ls=styles[seeds.index(seed) % len(styles)], lw=1.2,
+                    label=f"{name} (seed {seed})")
     for ax, key in zip(axes, PLOTTED, strict=True):
         ax.set_title(key.removeprefix("offpolicy_"))
-        ax.set_xlabel("lag (optimiser steps since the samples' model)")
+        ax.set_xlabel("lag (multiples of N optimiser steps)")
         for m in mults:
-            ax.axvline(m * steps, color="grey", lw=0.5, ls=":")
-    axes[0].set_yscale("symlog", linthresh=1e-3)
-    axes[1].set_yscale("symlog", linthresh=1e-3)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+            ax.axvline(m, color="grey", lw=0.5, ls=":")
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("symlog", linthresh=1e-2)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def main() -> None:
@@ -253,7 +276,8 @@ def main() -> None:
                        args.eval_problems, args.eval_samples)
     text = "\n".join(header(str(steps), False) + table(results, evals, sft, mults, steps)) + "\n"
     (out / "staleness.md").write_text(text)
-    plot(results, mults, steps, out / "staleness.png")
+    plot({(name, args.seed): (f, steps) for name, f in results.items()}, mults,
+         out / "staleness.png")
     print(text)
     print(f"wrote {out / 'staleness.md'} and {out / 'staleness.png'}")
 
