@@ -3,7 +3,7 @@ the same round-1 rollout set, evaluated against SFT and against itself at 1x, wi
 off-policy diagnostics plotted step by step (issue 53).
 
     python scripts/staleness.py [--run-dir runs/quickstart] [--epochs 1,4,16] [--seed 0]
-        [--objectives pcl rft oreal dapo dapo-tis discounted gspo cispo oapl] [--out-dir DIR]
+        [--objectives pcl rft oreal dapo dapo-tis dapo-icepop m2po discounted gspo cispo oapl] [--out-dir DIR]
     python scripts/staleness.py --report RUN_DIR [RUN_DIR ...] [--out-dir DIR]
 
 What it runs: the quickstart recipe up to its round-1 Verified shard (`reasoner run ...
@@ -44,9 +44,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart"
 OBJECTIVES = ["pcl", "rft", "oreal", "dapo", "dapo-tis", "discounted", "gspo", "cispo", "oapl"]
-# arms that are an objective with a correction (objective.correction): name -> (objective, key)
-CORRECTED = {"dapo-tis": ("dapo", {"name": "token-tis", "cap": 2.0}),
-             "dapo-icepop": ("dapo", {"name": "icepop", "low": 0.5, "high": 5.0})}
+# arms that are an objective with a correction: name -> (objective, what its section changes);
+# m2po is M2PO's objective: dapo's clips opened (no ratio ever reaches them) and its mask
+OPEN = {"eps_low": 1.0, "eps_high": 1e6, "clip_ratio_c": 1e6}
+CORRECTED = {"dapo-tis": ("dapo", {"correction": {"name": "token-tis", "cap": 2.0}}),
+             "dapo-icepop": ("dapo", {"correction": {"name": "icepop", "low": 0.5, "high": 5.0}}),
+             "m2po": ("dapo", {**OPEN, "correction": {"name": "m2-mask", "tau": 0.04}})}
 PLOTTED = ["offpolicy_kl_k3", "offpolicy_chi2", "offpolicy_ratio_outside",
            "offpolicy_seq_ratio_std"]
 NO_RATIO = {"pcl", "rft", "oreal"}  # their diagnostics compare with the starting model's
@@ -61,10 +64,10 @@ def reasoner(*args: str) -> None:
 def objective_of(name: str) -> dict:
     """The objective section the quickstart trains `name` with: recipe_<name>.yaml's rl stage,
     or train_offline.yaml's own (pcl, the quickstart's); an arm of CORRECTED: its objective's
-    section with the correction."""
+    section with the correction (and, for m2po, its clips opened)."""
     if name in CORRECTED:
-        base, correction = CORRECTED[name]
-        return {**objective_of(base), "correction": correction}
+        base, changes = CORRECTED[name]
+        return {**objective_of(base), **changes}
     if name == "pcl":
         return yaml.safe_load((QUICKSTART / "train_offline.yaml").read_text())["objective"]
     recipe = yaml.safe_load((QUICKSTART / f"recipe_{name}.yaml").read_text())

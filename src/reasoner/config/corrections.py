@@ -73,6 +73,17 @@ class GeometricMask(_Band):
     high: float = Field(1.001, gt=0, description="above it a sample is dropped (verl's, 1.001)")
 
 
+class SecondMomentMask(Strict):
+    """M2PO's second-moment mask: the tokens with the largest (log rho_t)^2 are dropped, largest
+    first, until the mean of the others is below tau; the others keep the objective's ratio."""
+
+    name: Literal["m2-mask"] = Field("m2-mask", description="token mask: the largest squared "
+                                     "log-ratios until their mean over the rest is below tau")
+    tau: float = Field(0.04, gt=0, description="tau_M2: the bound on the kept tokens' mean "
+                       "(log rho)^2 (M2PO's 0.04)")
+
+
 CorrectionConfig = Annotated[
-    NoCorrection | TokenTIS | SequenceTIS | IcePop | GeometricMask, Field(discriminator="name")]
-CORRECTIONS = ("none", "token-tis", "seq-tis", "icepop", "geo-mask")
+    NoCorrection | TokenTIS | SequenceTIS | IcePop | GeometricMask | SecondMomentMask,
+    Field(discriminator="name")]
+CORRECTIONS = ("none", "token-tis", "seq-tis", "icepop", "geo-mask", "m2-mask")

@@ -169,7 +169,7 @@ class _RatioObjective(_ObjectiveBase):
         "recomputed (allow_recompute) or refused; vLLM's bf16 kernels and the trainer's differ")
     correction: CorrectionConfig = Field(
         default_factory=NoCorrection, description="off-policy correction, chosen by `name`: "
-        "none, token-tis, seq-tis, icepop, geo-mask (docs/design.md, Corrections)")
+        "none, token-tis, seq-tis, icepop, geo-mask, m2-mask (docs/design.md, Corrections)")
 
     @property
     def needs_old_logprobs(self) -> bool:

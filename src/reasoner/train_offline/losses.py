@@ -256,7 +256,8 @@ class Corrected(NamedTuple):
 
 
 def correct(logp: Tensor, old_logp: Tensor, sample_index: Tensor, num_samples: int, kind: str,
-            cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> Corrected:
+            cap: float = 2.0, low: float = 0.5, high: float = 2.0, tau: float = 0.04
+            ) -> Corrected:
     """An off-policy correction of an objective with a ratio. With rho_t = exp(log p_t -
     log p_old_t), the policy against the behaviour policy (log-ratios clamped to [-20, 20]):
 
@@ -265,6 +266,8 @@ def correct(logp: Tensor, old_logp: Tensor, sample_index: Tensor, num_samples: i
       seq-tis    w_t = min(prod_{u in i} rho_u, C)          (one weight per sample)
       icepop     w_t = 1[low <= rho_t <= high]              (IcePop's token mask)
       geo-mask   w_t = 1[low <= exp(m_i(log rho)) <= high]  (geometric-mean sequence mask)
+      m2-mask    w_t = 0 for the k largest (log rho_t)^2, k the fewest that leave the others'
+                 mean below tau (at most all but one)    (M2PO's second-moment mask)
 
     The two IS corrections take the objective's ratio to the step's own policy (log p under
     stop-gradient: ratio 1, its clip inactive) and weigh by w alone: stacked on a ratio to the
@@ -296,7 +299,24 @@ def correct(logp: Tensor, old_logp: Tensor, sample_index: Tensor, num_samples: i
         keep = ((geo >= low) & (geo <= high)).to(logp.dtype)  # (B,)
         return Corrected(old_logp, keep[sample_index],
                          {"corr_masked_frac": _metric(1 - keep.mean())})
-    raise ValueError(f"unknown correction {kind!r}: none, token-tis, seq-tis, icepop or geo-mask")
+    if kind == "m2-mask":
+        keep = second_moment_keep(d * d, tau).to(logp.dtype)  # (N,)
+        return Corrected(old_logp, keep, {"corr_masked_frac": _metric(1 - keep.mean())})
+    raise ValueError(f"unknown correction {kind!r}: none, token-tis, seq-tis, icepop, geo-mask "
+                     "or m2-mask")
+
+
+def second_moment_keep(m2: Tensor, tau: float) -> Tensor:
+    """Which tokens M2PO's mask keeps (Zheng, Zhao and Chen 2025, "Prosperity before Collapse",
+    arXiv 2510.01161): with m2 (N,) the squared log-ratios sorted from the largest, drop the first
+    k, k the fewest for which the mean of the rest is below tau (all but the smallest when none
+    is). Bool (N,), in m2's order. Tensor ops only: k is never read to the host."""
+    n = m2.shape[0]
+    order = torch.sort(m2, descending=True, stable=True).indices  # (N,)
+    ranks = torch.arange(n, device=m2.device)  # (N,)
+    rest = m2[order].flip(0).cumsum(0).flip(0) / (n - ranks).to(m2.dtype)  # (N,) suffix means
+    k = (rest >= tau).to(torch.int64).cumprod(0).sum().clamp(max=max(n - 1, 0))  # leading run
+    return torch.empty(n, dtype=torch.bool, device=m2.device).scatter_(0, order, ranks >= k)
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:

@@ -20,7 +20,8 @@ def test_a_correction_takes_only_its_own_keys():
     assert ("unknown key 'objective.correction.cap'; valid keys for objective.correction "
             "'icepop': low, high, name") in str(err.value)
     with pytest.raises(ConfigError, match="'objective.correction.name' must be one of 'none', "
-                                          "'token-tis', 'seq-tis', 'icepop', 'geo-mask'"):
+                                          "'token-tis', 'seq-tis', 'icepop', 'geo-mask', "
+                                          "'m2-mask'"):
         load(OfflineConfig, None, [*BASE, "objective.name=dapo", "objective.correction.name=x"])
     with pytest.raises(ConfigError, match="low .2.0. must be below high .1.5."):
         load(OfflineConfig, None, [*BASE, "objective.name=gspo", "objective.correction.name=icepop",
@@ -63,7 +64,7 @@ def test_no_correction_and_the_diagnostics_leave_the_identity_as_it_was():
 
 
 @pytest.mark.parametrize("name", sorted(OBJECTIVE_MODELS))
-@pytest.mark.parametrize("correction", ["none", "token-tis", "seq-tis", "icepop", "geo-mask"])
+@pytest.mark.parametrize("correction", CORRECTIONS)
 def test_which_settings_leave_nothing_to_bound_the_drift(name, correction):
     """Unbounded: cispo (its capped weight drops no token) and an IS correction that replaces
     the ratio (the clip sees a ratio of 1); a mask keeps the objective's own clipped ratio, and

@@ -162,6 +162,26 @@ def test_corrections_hand_computed():
     assert L.correct(logp, old, RHO_IDX, 2, "geo-mask", low=0.5, high=2.0)[1].tolist() == [1.0] * 3
     anchor, w, m = L.correct(logp, old, RHO_IDX, 2, "geo-mask", low=0.9, high=2.0)
     assert anchor is old and w.tolist() == [0.0, 0.0, 1.0] and m["corr_masked_frac"] == 0.5
+    # m2-mask: (log rho)^2 = 1.2069, 1.9218, 0.1644; the means of what is left when the largest
+    # are dropped one by one: 1.0977 (none dropped), 0.6857 (token 1), 0.1644 (tokens 1 and 0)
+    anchor, w, m = L.correct(logp, old, RHO_IDX, 2, "m2-mask", tau=0.7)
+    assert anchor is old and w.tolist() == [1.0, 0.0, 1.0]
+    assert m["corr_masked_frac"] == pytest.approx(1 / 3)
+    assert L.correct(logp, old, RHO_IDX, 2, "m2-mask", tau=1.1)[1].tolist() == [1.0] * 3
+    assert L.correct(logp, old, RHO_IDX, 2, "m2-mask", tau=0.2)[1].tolist() == [0.0, 0.0, 1.0]
+    # no mean is below 0.04 here: all but the smallest are dropped, never every token
+    assert L.correct(logp, old, RHO_IDX, 2, "m2-mask", tau=0.04)[1].tolist() == [0.0, 0.0, 1.0]
+
+
+def test_the_second_moment_mask_drops_the_largest_first_and_stops_at_tau():
+    """Ties keep their order; a batch already under tau keeps everything; no tokens, no mask."""
+    m2 = torch.tensor([0.01, 0.5, 0.01, 0.5, 0.02])  # mean 0.208
+    assert L.second_moment_keep(m2, 0.25).tolist() == [True] * 5
+    # dropping one 0.5 leaves mean 0.135; both, 0.0133
+    assert L.second_moment_keep(m2, 0.1).tolist() == [True, False, True, False, True]
+    assert L.second_moment_keep(m2, 0.2).tolist() == [True, False, True, True, True]
+    assert L.second_moment_keep(torch.zeros(0), 0.04).tolist() == []
+    assert L.second_moment_keep(torch.tensor([9.0]), 0.04).tolist() == [True]
 
 
 def test_an_is_correction_replaces_the_ratio_and_a_mask_drops_terms():
@@ -183,6 +203,12 @@ def test_an_is_correction_replaces_the_ratio_and_a_mask_drops_terms():
     anchor, w, _ = L.correct(logp, old, RHO_IDX, 2, "icepop", low=0.5, high=2.0)
     loss, _ = L.clipped_pg_loss(logp, anchor, adv, RHO_IDX, weights=w)
     assert loss.item() == pytest.approx(1.5 / 3)
+    assert torch.autograd.grad(loss, logp)[0].tolist() == pytest.approx([0.0, 0.0, 0.5])
+    # m2-mask at tau 0.7 drops token 1 only: token 0 keeps dapo's ratio 3, clipped at 1.28
+    # (A = 1: no gradient), token 2 as under icepop
+    anchor, w, _ = L.correct(logp, old, RHO_IDX, 2, "m2-mask", tau=0.7)
+    loss, _ = L.clipped_pg_loss(logp, anchor, adv, RHO_IDX, weights=w)
+    assert loss.item() == pytest.approx((-1.28 + 1.5) / 3)
     assert torch.autograd.grad(loss, logp)[0].tolist() == pytest.approx([0.0, 0.0, 0.5])
 
 def test_token_rm_loss_hand_computed():

@@ -92,10 +92,13 @@ def offline(tiny_model_dir, verified_dir, out, objective) -> OfflineConfig:
         "run": {"global_batch": 8, "micro_batch": 1, "max_steps": 1, "progress": False}})
 
 
-@pytest.mark.parametrize("objective", ["pcl", "dapo"])
+@pytest.mark.parametrize("objective", [{"name": "pcl"}, {"name": "dapo"},
+                                       {"name": "dapo", "correction": {"name": "m2-mask"}}],
+                         ids=["pcl", "dapo", "dapo-m2-mask"])
 def test_a_train_offline_step_reads_its_metrics_once_and_its_gradient_norm(
         tmp_path, tiny_model_dir, verified_dir, syncs, objective):
-    T.run(offline(tiny_model_dir, verified_dir, tmp_path, {"name": objective}))
+    """... a sorting mask included (M2PO's: how many tokens it drops stays on the device)."""
+    T.run(offline(tiny_model_dir, verified_dir, tmp_path, objective))
     print("\n" + syncs.report(f"train-offline {objective}, one step"))
     assert own(syncs) == STEP
     assert libraries(syncs) == LIBRARIES
