@@ -43,10 +43,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart"
-OBJECTIVES = ["pcl", "rft", "oreal", "dapo", "dapo-tis", "discounted", "gspo", "cispo", "oapl"]
+OBJECTIVES = ["pcl", "rft", "oreal", "dapo", "dapo-tis", "dapo-icepop", "m2po", "discounted",
+              "gspo", "cispo", "oapl"]
 # arms that are an objective with a correction: name -> (objective, what its section changes);
-# m2po is M2PO's objective: dapo's clips opened (no ratio ever reaches them) and its mask
-OPEN = {"eps_low": 1.0, "eps_high": 1e6, "clip_ratio_c": 1e6}
+# m2po is M2PO's objective: dapo's clips opened (above e^20, the largest ratio once the
+# log-ratio is clamped to [-20, 20]) and its mask
+OPEN = {"eps_low": 1.0, "eps_high": 1e9, "clip_ratio_c": 1e9}
 CORRECTED = {"dapo-tis": ("dapo", {"correction": {"name": "token-tis", "cap": 2.0}}),
              "dapo-icepop": ("dapo", {"correction": {"name": "icepop", "low": 0.5, "high": 5.0}}),
              "m2po": ("dapo", {**OPEN, "correction": {"name": "m2-mask", "tau": 0.04}})}
@@ -217,7 +219,8 @@ def plot(arms: dict, mults: list[int], path: Path, window: int = 25):
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys([*OBJECTIVES, *CORRECTED]))
-    colour = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
+    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    colour = {n: palette(i % palette.N) for i, n in enumerate(names)}
     styles = ["-", "--", ":", "-."]
     seeds = sorted({seed for _, seed in arms})
     fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4.2 * len(PLOTTED), 3.8))

@@ -272,8 +272,8 @@ def correct(logp: Tensor, old_logp: Tensor, sample_index: Tensor, num_samples: i
     The two IS corrections take the objective's ratio to the step's own policy (log p under
     stop-gradient: ratio 1, its clip inactive) and weigh by w alone: stacked on a ratio to the
     behaviour policy, rho would count twice. The masks keep the objective's ratio to the
-    behaviour policy and drop what leaves [low, high]. Dropped tokens still count in the loss's
-    normaliser (docs/design.md, "Corrections").
+    behaviour policy and drop what leaves [low, high] (m2-mask: the tokens that keep the batch's
+    second moment above tau). Dropped tokens count in the normaliser (docs/design.md).
     """
     if kind == "none":
         return Corrected(old_logp, None, {})
@@ -311,11 +311,12 @@ def second_moment_keep(m2: Tensor, tau: float) -> Tensor:
     arXiv 2510.01161): with m2 (N,) the squared log-ratios sorted from the largest, drop the first
     k, k the fewest for which the mean of the rest is below tau (all but the smallest when none
     is). Bool (N,), in m2's order. Tensor ops only: k is never read to the host."""
-    n = m2.shape[0]
+    n, m2 = m2.shape[0], m2.float()  # sums and counts exact in float32 (bf16 counts are not)
     order = torch.sort(m2, descending=True, stable=True).indices  # (N,)
     ranks = torch.arange(n, device=m2.device)  # (N,)
-    rest = m2[order].flip(0).cumsum(0).flip(0) / (n - ranks).to(m2.dtype)  # (N,) suffix means
-    k = (rest >= tau).to(torch.int64).cumprod(0).sum().clamp(max=max(n - 1, 0))  # leading run
+    rest = m2[order].flip(0).cumsum(0).flip(0) / (n - ranks).float()  # (N,) suffix means
+    # the leading run not yet below tau is dropped (a NaN mean is not below: it goes too)
+    k = (~(rest < tau)).to(torch.int64).cumprod(0).sum().clamp(max=max(n - 1, 0))
     return torch.empty(n, dtype=torch.bool, device=m2.device).scatter_(0, order, ranks >= k)
 
 
