@@ -10,6 +10,7 @@ train_offline/losses.py.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
@@ -226,6 +227,14 @@ class _ClippedObjective(_GroupPolicyGradient):
     agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
         "token-mean", description="how token losses are averaged"
     )
+
+    @property
+    def unbounded(self) -> str | None:
+        # the ratio is exp of a log-ratio clamped to [-20, 20]: past these no clip can bind
+        if super().unbounded is None and self.eps_low >= 1 and self.eps_high >= math.exp(20) - 1:
+            return (f"{self.name}'s clip is opened past any ratio (eps_low >= 1, eps_high >= "
+                    "e^20 - 1) and never binds, whatever mask is set")
+        return super().unbounded
 
 
 class DAPOObjective(_ClippedObjective):

@@ -83,3 +83,17 @@ def test_which_settings_leave_nothing_to_bound_the_drift(name, correction):
                        f"to pi_old in place of {name}'s ratio, so no clip ever binds")
     elif name == "cispo":
         assert why == "cispo weighs every token's gradient by its capped ratio to pi_old and drops none"
+
+
+@pytest.mark.parametrize("correction", ["none", "m2-mask"])
+def test_a_clip_opened_past_any_ratio_leaves_nothing_to_bound_the_drift(correction):
+    """M2PO's objective is dapo with its clips opened: measured, its second-moment mask drops the
+    outliers only and the rest drifts (docs/train-offline.md), so it is flagged like cispo; a
+    clip that can still bind (eps_high below e^20 - 1, or eps_low below 1) is not."""
+    sets = [*BASE, "objective.name=dapo", "objective.eps_low=1", "objective.eps_high=1e9",
+            f"objective.correction.name={correction}"]
+    assert load(OfflineConfig, None, sets).objective.unbounded == (
+        "dapo's clip is opened past any ratio (eps_low >= 1, eps_high >= e^20 - 1) and never "
+        "binds, whatever mask is set")
+    for still_binds in ("objective.eps_high=1e8", "objective.eps_low=0.99"):
+        assert load(OfflineConfig, None, [*sets, still_binds]).objective.unbounded is None
