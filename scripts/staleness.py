@@ -219,8 +219,9 @@ def plot(arms: dict, mults: list[int], path: Path, window: int = 25):
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys([*OBJECTIVES, *CORRECTED]))
-    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
-    colour = {n: palette(i % palette.N) for i, n in enumerate(names)}
+    # tab20 is ten hues, each dark then light: the darks first, so the first ten differ in hue
+    palette = plt.get_cmap("tab20")
+    colour = {n: palette((2 * i) % 20 + (2 * i) // 20 % 2) for i, n in enumerate(names)}
     styles = ["-", "--", ":", "-."]
     seeds = sorted({seed for _, seed in arms})
     fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4.2 * len(PLOTTED), 3.8))
