@@ -230,11 +230,12 @@ class _ClippedObjective(_GroupPolicyGradient):
 
     @property
     def unbounded(self) -> str | None:
+        why = super().unbounded
         # the ratio is exp of a log-ratio clamped to [-20, 20]: past these no clip can bind
-        if super().unbounded is None and self.eps_low >= 1 and self.eps_high >= math.exp(20) - 1:
-            return (f"{self.name}'s clip is opened past any ratio (eps_low >= 1, eps_high >= "
-                    "e^20 - 1) and never binds, whatever mask is set")
-        return super().unbounded
+        if why is None and self.eps_low >= 1 and self.eps_high >= math.exp(20) - 1:
+            why = (f"{self.name}'s clip is opened past any ratio (eps_low >= 1, eps_high >= "
+                   "e^20 - 1) and never binds, whatever mask is set")
+        return why
 
 
 class DAPOObjective(_ClippedObjective):
